@@ -1,0 +1,51 @@
+"""The agent contract: answer an environment's message.
+
+The seed's interface is kept: ``get_action(messages, agent_state) -> (action,
+agent_state)``. Environments call :meth:`Agent.act` (one request) or
+:meth:`Agent.act_batch` (many concurrent episodes); by default these call
+``get_action`` once per request, so an agent that can only answer one
+conversation at a time works unchanged. Token-level agents override
+``act_batch`` to condition on ``request.prompt_token_ids`` and to report the ids
+they sampled, which the environment then stores verbatim.
+
+Agents know nothing of environments.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from ..types import Action, AgentRequest, Message
+
+
+class Agent(ABC):
+    """Base class for everything that plays an episode."""
+
+    @abstractmethod
+    def get_action(self, messages: list[Message], agent_state: Any = None) -> tuple[str | Action, Any]:
+        """Return the next action (text or :class:`~hf_rollouts.types.Action`) and the new agent state."""
+
+    def act(self, request: AgentRequest) -> tuple[Action, Any]:
+        """Answer one request. Default: ``get_action`` on the readable messages."""
+        action, state = self.get_action(request.messages, request.agent_state)
+        return (action if isinstance(action, Action) else Action(text=str(action))), state
+
+    def act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any]]:
+        """Answer many requests, in order. Default: one :meth:`act` call each."""
+        return [self.act(r) for r in requests]
+
+    def set_seed(self, seed: int) -> None:
+        """Reset the agent's sampling randomness. Default: nothing to reset."""
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything about this agent that changes its outputs, as JSON-able data.
+
+        The pipeline hashes this into the dataset cache fingerprint, so two agents
+        with equal fingerprints must sample the same way.
+        """
+        return {"agent": f"{type(self).__module__}.{type(self).__qualname__}"}
+
+    def describe(self) -> dict[str, Any]:
+        """What the dataset card says about this agent (model, sampling settings)."""
+        return self.fingerprint()

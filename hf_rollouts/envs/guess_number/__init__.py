@@ -1,0 +1,3 @@
+from .env import GuessNumberEnv
+
+__all__ = ["GuessNumberEnv"]

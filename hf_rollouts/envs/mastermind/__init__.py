@@ -1,0 +1,3 @@
+from .env import MastermindEnv, score_guess
+
+__all__ = ["MastermindEnv", "score_guess"]

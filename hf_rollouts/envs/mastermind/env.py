@@ -1,0 +1,109 @@
+"""Mastermind: crack a secret code from black/white peg feedback.
+
+``env_config``: ``code_length`` (4), ``num_symbols`` (6: symbols are 1..6),
+``max_guesses`` (10; alias of ``max_turns``), ``allow_duplicates`` (True),
+``invalid_penalty`` (0.0, added as the step reward of a malformed guess),
+``seed`` (task generation). ``task_data``: ``{"code": [int, ...]}``.
+
+Rewards: 1.0 on the step that cracks the code, 0 otherwise (minus
+``invalid_penalty`` for malformed guesses). A malformed guess gets a message
+that says what a valid guess looks like, and costs a turn.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from ..base import MultistepEnv
+
+
+def score_guess(code: list[int], guess: list[int]) -> tuple[int, int]:
+    """Return ``(black, white)``: right symbol in the right place, right symbol in the wrong place."""
+    black = sum(c == g for c, g in zip(code, guess))
+    common = sum((Counter(code) & Counter(guess)).values())
+    return black, common - black
+
+
+@dataclass
+class MastermindState:
+    code: list[int]
+    history: list[tuple[list[int], int, int]] = field(default_factory=list)
+    last_message: str = ""
+    solved: bool = False
+
+
+class MastermindEnv(MultistepEnv):
+    name = "mastermind"
+    default_max_turns = 10
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
+        super().__init__(tokenizer, env_config)
+        if "max_guesses" in self.env_config and "max_turns" not in self.env_config:
+            self.max_turns = int(self.env_config["max_guesses"])
+        self.code_length = int(self.env_config.get("code_length", 4))
+        self.num_symbols = int(self.env_config.get("num_symbols", 6))
+        self.allow_duplicates = bool(self.env_config.get("allow_duplicates", True))
+        self.invalid_penalty = float(self.env_config.get("invalid_penalty", 0.0))
+        if not 1 <= self.num_symbols <= 9 or self.code_length < 1:
+            raise ValueError(f"mastermind needs 1 <= num_symbols <= 9 and code_length >= 1, got {self.num_symbols}, {self.code_length}.")
+        if not self.allow_duplicates and self.code_length > self.num_symbols:
+            raise ValueError("allow_duplicates=False needs code_length <= num_symbols.")
+
+    def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
+        symbols = range(1, self.num_symbols + 1)
+        codes = [list(c) for c in itertools.product(symbols, repeat=self.code_length)]
+        if not self.allow_duplicates:
+            codes = [c for c in codes if len(set(c)) == len(c)]
+        self._rng("tasks").shuffle(codes)
+        n_eval = max(1, len(codes) // 5)
+        chosen = codes[:n_eval] if split == "eval" else codes[n_eval:]
+        return [{"code": c} for c in chosen[:num_tasks]]
+
+    def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> MastermindState:
+        code = [int(x) for x in task_data["code"]]
+        if len(code) != self.code_length or not all(1 <= x <= self.num_symbols for x in code):
+            raise ValueError(f"task_data['code'] {code} does not fit code_length={self.code_length}, num_symbols={self.num_symbols}.")
+        return MastermindState(code=code)
+
+    def _format_prompt(self, state: MastermindState, step: int) -> str:
+        if step == 0:
+            return (
+                f"Let's play Mastermind. I picked a secret code of {self.code_length} digits, each from 1 to "
+                f"{self.num_symbols}{'' if self.allow_duplicates else ', all different'}. Guess it in at most {self.max_turns} tries. "
+                "After each guess you get black pegs (right digit, right place) and white pegs (right digit, wrong place). "
+                f"Answer with your guess as {self.code_length} digits separated by spaces, e.g. "
+                f"{' '.join(str(1 + i % self.num_symbols) for i in range(self.code_length))}."
+            )
+        return state.last_message
+
+    def _parse(self, action: str) -> list[int] | None:
+        digits = [int(d) for d in re.findall(r"\d", action)]
+        if len(digits) < self.code_length:
+            return None
+        guess = digits[-self.code_length :]
+        if not all(1 <= d <= self.num_symbols for d in guess):
+            return None
+        return guess
+
+    def _step_episode(self, session_id: str, state: MastermindState, action: str) -> tuple[MastermindState, float, bool, dict[str, Any]]:
+        guess = self._parse(action)
+        if guess is None:
+            state.last_message = (
+                f"Invalid guess. Give exactly {self.code_length} digits, each from 1 to {self.num_symbols}, "
+                "separated by spaces. That cost a turn."
+            )
+            return state, -self.invalid_penalty, False, {"valid": False}
+        black, white = score_guess(state.code, guess)
+        state.history.append((guess, black, white))
+        if black == self.code_length:
+            state.solved = True
+            state.last_message = "You cracked the code!"
+            return state, 1.0, True, {"valid": True, "black": black, "white": white, "solved": True}
+        state.last_message = f"Guess {' '.join(map(str, guess))}: {black} black, {white} white. Try again."
+        return state, 0.0, False, {"valid": True, "black": black, "white": white, "solved": False}

@@ -1,0 +1,134 @@
+"""The embedded default model: a real tokenizer and a tiny Llama, built offline.
+
+No model hub is needed: :func:`build_tiny_model` trains a byte-level BPE on the
+text this package ships (``hf_rollouts/data/corpus.txt`` plus the Twenty
+Questions knowledge base), wraps it in a ``PreTrainedTokenizerFast`` with pad and
+eos tokens and a chat template, and builds a Llama-architecture causal LM with
+seeded random weights. Both are saved under a cache directory and, on later
+calls, reloaded with ``from_pretrained`` — the same path users take with a real
+model id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+BUILD_VERSION = 1  # bump when the recipe changes, so old caches are not reused
+PAD, EOS = "<|pad|>", "<|end|>"
+ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinySize:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int = 1024
+
+
+SIZES = {
+    # for tests and the README demo: builds and runs in a blink on CPU
+    "tiny": TinySize(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+    # the benchmark's default: big enough that generation dominates
+    "small": TinySize(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4),
+}
+
+
+def default_cache_dir() -> Path:
+    """``$HF_ROLLOUTS_CACHE`` or ``~/.cache/hf_rollouts``."""
+    return Path(os.environ.get("HF_ROLLOUTS_CACHE", Path.home() / ".cache" / "hf_rollouts"))
+
+
+def _training_text() -> list[str]:
+    pkg = resources.files("hf_rollouts")
+    lines = pkg.joinpath("data/corpus.txt").read_text(encoding="utf-8").splitlines()
+    kb_file = pkg.joinpath("envs/twenty_questions/objects.json")
+    if kb_file.is_file():
+        kb = json.loads(kb_file.read_text(encoding="utf-8"))
+        lines += [a["question"] for a in kb["attributes"].values()]
+        lines += [f"Is it a {name}?" for group in kb["objects"].values() for name in sorted(group)]
+    return [line for line in lines if line.strip()]
+
+
+def build_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+    """Train the deterministic byte-level BPE and wrap it as a HF tokenizer with a chat template."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, EOS, *ROLE_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_training_text(), trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, additional_special_tokens=ROLE_TOKENS)
+    hf.chat_template = CHAT_TEMPLATE
+    hf.padding_side = "left"
+    return hf
+
+
+def build_tiny_model(
+    seed: int = 0, size: str = "tiny", cache_dir: str | Path | None = None
+) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+    """Return ``(model, tokenizer)`` for the embedded default model.
+
+    Built once per ``(seed, size)`` under ``cache_dir`` (default
+    :func:`default_cache_dir`) and reloaded from there with ``from_pretrained``.
+    The result is deterministic: the same seed gives the same weights and vocabulary.
+    """
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}.")
+    path = tiny_model_path(seed, size, cache_dir)
+    if not (path / "config.json").is_file():
+        spec = SIZES[size]
+        tokenizer = build_tokenizer(spec.vocab_size)
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=spec.hidden_size,
+            intermediate_size=spec.intermediate_size,
+            num_hidden_layers=spec.num_hidden_layers,
+            num_attention_heads=spec.num_attention_heads,
+            num_key_value_heads=spec.num_key_value_heads,
+            max_position_embeddings=4096,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=None,
+            tie_word_embeddings=True,
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(config)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(path)  # atomic: concurrent builders (several processes) never see half a model
+        except OSError:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.config._name_or_path = f"hf_rollouts/tiny-{size}-seed{seed}"
+    return model, tokenizer
+
+
+def tiny_model_path(seed: int = 0, size: str = "tiny", cache_dir: str | Path | None = None) -> Path:
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    return root / f"tiny-v{BUILD_VERSION}-{size}-seed{seed}"

@@ -1,0 +1,171 @@
+"""Run many episodes at once, sharing every agent call.
+
+Each episode runs as the plain sequential loop of
+:meth:`~hf_rollouts.envs.base.MultistepEnv._run_complete_episode`, in its own
+worker thread. The agent those loops see is a :class:`_BatchSlot`: its ``act``
+parks the request in a :class:`LockstepBatcher` and blocks. When *every* live
+episode is parked, the batcher sends all parked requests to the real agent as
+one ``act_batch`` call (ordered by episode), hands out the answers, and the
+loops go on. Episodes that finish simply stop taking part.
+
+Why lockstep rather than "flush after a timeout": the composition and order of
+every batch depends only on the episodes, never on thread timing, so sampling
+with a seeded agent is reproducible run to run.
+
+Generation calls for N concurrent episodes of at most T turns: at most T (with
+``max_concurrency >= N``), instead of N × T one by one.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from .agents.base import Agent
+from .types import Action, AgentRequest
+
+if TYPE_CHECKING:
+    from .envs.base import MultistepEnv
+
+
+@dataclass(frozen=True)
+class EpisodeJob:
+    """One episode to play: which env, which task, which rollout."""
+
+    env: "MultistepEnv"
+    task_data: dict[str, Any]
+    session_id: str
+    order: int
+
+
+class _Parked:
+    __slots__ = ("order", "request", "result", "error", "ready")
+
+    def __init__(self, order: int, request: AgentRequest) -> None:
+        self.order, self.request = order, request
+        self.result: tuple[Action, Any] | None = None
+        self.error: BaseException | None = None
+        self.ready = False
+
+
+class LockstepBatcher:
+    """Collects one request from every live episode, then makes one agent call."""
+
+    def __init__(self, agent: Agent, live: int) -> None:
+        self.agent = agent
+        self._live = live
+        self._parked: list[_Parked] = []
+        self._cv = threading.Condition()
+        self.batch_sizes: list[int] = []
+
+    def act(self, order: int, request: AgentRequest) -> tuple[Action, Any]:
+        slot = _Parked(order, request)
+        with self._cv:
+            self._parked.append(slot)
+            self._flush_if_all_parked()
+            while not slot.ready:
+                self._cv.wait()
+        if slot.error is not None:
+            raise slot.error
+        return slot.result  # type: ignore[return-value]
+
+    def leave(self) -> None:
+        """An episode worker has no more episodes to play."""
+        with self._cv:
+            self._live -= 1
+            self._flush_if_all_parked()
+
+    def _flush_if_all_parked(self) -> None:
+        if not self._parked or len(self._parked) < self._live:
+            return
+        batch = sorted(self._parked, key=lambda s: s.order)
+        self._parked = []
+        self.batch_sizes.append(len(batch))
+        try:
+            results = self.agent.act_batch([s.request for s in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"{type(self.agent).__name__}.act_batch returned {len(results)} answers for {len(batch)} requests.")
+            for s, r in zip(batch, results):
+                s.result = r
+        except BaseException as exc:  # every episode of the batch records the failure
+            for s in batch:
+                s.error = exc
+        for s in batch:
+            s.ready = True
+        self._cv.notify_all()
+
+
+class _BatchSlot(Agent):
+    """What one episode sees as its agent: forwards to the shared batcher."""
+
+    def __init__(self, batcher: LockstepBatcher, order: int) -> None:
+        self.batcher, self.order = batcher, order
+
+    def get_action(self, messages, agent_state=None):  # pragma: no cover - act is always used
+        raise NotImplementedError
+
+    def act(self, request: AgentRequest) -> tuple[Action, Any]:
+        return self.batcher.act(self.order, request)
+
+
+def run_episodes(
+    jobs: list[EpisodeJob],
+    agent: Agent,
+    *,
+    max_concurrency: int | None = None,
+    on_error: str = "record",
+    on_episode_end: Callable[[], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Play ``jobs`` concurrently and return their R4 dictionaries in job order.
+
+    ``max_concurrency`` bounds the episodes alive at once (default: all).
+    With ``on_error="raise"`` the first episode exception is re-raised after
+    all workers stop. ``on_episode_end`` is called once per finished episode
+    (e.g. to advance a progress bar).
+    """
+    if not jobs:
+        return []
+    workers = len(jobs) if max_concurrency is None else max(1, min(max_concurrency, len(jobs)))
+    if workers == 1:
+        results = []
+        for job in jobs:
+            results.append(job.env._run_complete_episode(job.session_id, agent, job.task_data, on_error=on_error))
+            if on_episode_end:
+                on_episode_end()
+        return results
+
+    batcher = LockstepBatcher(agent, live=workers)
+    todo: queue.SimpleQueue[EpisodeJob] = queue.SimpleQueue()
+    for job in jobs:
+        todo.put(job)
+    results: list[dict[str, Any] | None] = [None] * len(jobs)
+    failures: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            while True:
+                try:
+                    job = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    slot = _BatchSlot(batcher, job.order)
+                    results[job.order] = job.env._run_complete_episode(job.session_id, slot, job.task_data, on_error=on_error)
+                except BaseException as exc:
+                    failures.append(exc)
+                    return
+                if on_episode_end:
+                    on_episode_end()
+        finally:
+            batcher.leave()
+
+    threads = [threading.Thread(target=worker, name=f"hf-rollouts-episode-{i}", daemon=True) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+    return results  # type: ignore[return-value]

@@ -1,0 +1,104 @@
+"""The task-row schema (R1), its validation, and safe import of environment classes.
+
+A task row is ``{env_class_path: str, env_config: dict, task_data: dict}``. The
+two dicts are stored with ``datasets.Json()`` so a dataset mixing environments
+keeps each row's dicts exactly (a plain dict column would become an Arrow struct
+with the union of all rows' keys, handing each env ``None`` for the others').
+
+``env_class_path`` names code to import, so it is treated like
+``trust_remote_code``: classes under :data:`TRUSTED_PREFIXES` are imported;
+any other module only if the caller allows its prefix. The check runs on the
+string, before anything is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, Iterable
+
+from datasets import Dataset, Features, Json, Value
+
+if TYPE_CHECKING:
+    from .envs.base import MultistepEnv
+
+TASK_COLUMNS = ("env_class_path", "env_config", "task_data")
+TASK_FEATURES = Features({"env_class_path": Value("string"), "env_config": Json(), "task_data": Json()})
+TRUSTED_PREFIXES = ("hf_rollouts.envs",)
+
+
+class TaskValidationError(ValueError):
+    """A task dataset row is malformed or names an environment that may not be used."""
+
+
+def class_path(cls: type) -> str:
+    """``module.QualName`` of a class, as stored in ``env_class_path``."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _module_allowed(module: str, allowed: Iterable[str]) -> bool:
+    return any(module == p or module.startswith(p.rstrip(".") + ".") for p in (*TRUSTED_PREFIXES, *allowed))
+
+
+def resolve_env_class(path: str, allowed_env_modules: Iterable[str] = (), *, where: str = "") -> "type[MultistepEnv]":
+    """Import ``path`` and return the ``MultistepEnv`` subclass it names.
+
+    Raises :class:`TaskValidationError` — without importing anything — when the
+    module is neither trusted nor allowed; and when the class is missing or is
+    not a ``MultistepEnv``. ``where`` (e.g. ``"row 3"``) prefixes messages.
+    """
+    from .envs.base import MultistepEnv
+
+    where = f"{where}: " if where else ""
+    if not isinstance(path, str) or "." not in path:
+        raise TaskValidationError(f"{where}env_class_path must be 'package.module.ClassName', got {path!r}.")
+    module_name, _, class_name = path.rpartition(".")
+    if not _module_allowed(module_name, allowed_env_modules):
+        raise TaskValidationError(
+            f"{where}env_class_path {path!r} is outside the trusted modules {list(TRUSTED_PREFIXES)}. "
+            "Importing it would run its code. If you trust it, allow its module prefix: "
+            f"allowed_env_modules=[{module_name.split('.')[0]!r}] (CLI: --allow-env-module {module_name.split('.')[0]})."
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TaskValidationError(f"{where}env_class_path {path!r}: cannot import module {module_name!r} ({exc}).") from exc
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise TaskValidationError(f"{where}env_class_path {path!r}: module {module_name!r} has no attribute {class_name!r}.")
+    if not (isinstance(cls, type) and issubclass(cls, MultistepEnv)):
+        raise TaskValidationError(
+            f"{where}env_class_path {path!r} is not a MultistepEnv subclass; point it at an environment class."
+        )
+    return cls
+
+
+def validate_tasks(tasks: Dataset, allowed_env_modules: Iterable[str] = ()) -> dict[str, "type[MultistepEnv]"]:
+    """Check every row of a task dataset before any generation.
+
+    Returns the resolved classes by path. Errors name the row index and the field.
+    """
+    allowed = tuple(allowed_env_modules)
+    missing = [c for c in TASK_COLUMNS if c not in tasks.column_names]
+    if missing:
+        raise TaskValidationError(
+            f"task dataset is missing column(s) {missing}; it has {tasks.column_names}. "
+            "Each row needs env_class_path (str), env_config (dict) and task_data (dict); "
+            "build rows with an env's get_train_dataset() or hf_rollouts.schema.TASK_FEATURES."
+        )
+    classes: dict[str, type] = {}
+    columns = tasks.select_columns(list(TASK_COLUMNS))
+    for i, row in enumerate(columns):
+        for field in ("env_config", "task_data"):
+            if not isinstance(row[field], dict):
+                raise TaskValidationError(
+                    f"row {i}: field {field!r} must be a dict, got {type(row[field]).__name__} ({row[field]!r:.80})."
+                )
+        path = row["env_class_path"]
+        if path not in classes:
+            classes[path] = resolve_env_class(path, allowed, where=f"row {i}, field 'env_class_path'")
+    return classes
+
+
+def to_task_dataset(rows: list[dict[str, Any]]) -> Dataset:
+    """Build a task dataset with the canonical features from a list of R1 dicts."""
+    return Dataset.from_list(rows, features=TASK_FEATURES)

@@ -1,0 +1,171 @@
+"""Token bookkeeping for one episode, and per-task padding of finished episodes.
+
+:class:`EpisodeRecorder` is the only place that appends to an episode's token
+sequence, so the token-level contracts are enforced in one spot:
+
+* environment text enters as chat-template deltas (:class:`~hf_rollouts.chat.ChatDelta`);
+* agent ids enter exactly as the agent sampled them (text-only agents' text is
+  tokenized once);
+* a step's reward is put on that step's agent tokens (see :data:`REWARD_PLACEMENTS`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from .chat import ChatDelta
+from .types import Action, AgentRequest, Episode, Message, Status, Turn
+
+REWARD_PLACEMENTS = ("last", "spread")
+"""How a step reward lands on tokens. ``"last"`` (default): the whole reward on
+the last agent token of that step, so a return-to-go computed from the tokens
+equals the environment's. ``"spread"``: split evenly over that step's agent
+tokens. Either way the per-token rewards of an episode sum to the sum of its
+step rewards, and non-agent tokens always get 0. A step whose action has no
+tokens puts its reward on the previous agent token; before any agent token it
+is recorded in ``Episode.turns[i].info["unplaced_reward"]``."""
+
+
+class EpisodeRecorder:
+    """Builds one :class:`~hf_rollouts.types.Episode` turn by turn."""
+
+    def __init__(self, chat: ChatDelta, reward_placement: str = "last") -> None:
+        if reward_placement not in REWARD_PLACEMENTS:
+            raise ValueError(f"reward_placement must be one of {REWARD_PLACEMENTS}, got {reward_placement!r}")
+        self.chat = chat
+        self.reward_placement = reward_placement
+        self.ids: list[int] = []
+        self.mask: list[int] = []
+        self.rewards: list[float] = []
+        self.logprobs: list[float] = []
+        self.any_logprobs = False
+        self.messages: list[Message] = []
+        self.turns: list[Turn] = []
+        self._last_agent_ids: list[int] = []
+
+    def _append(self, ids: Sequence[int], agent: bool, logprobs: Sequence[float] | None = None) -> None:
+        self.ids.extend(ids)
+        self.mask.extend([int(agent)] * len(ids))
+        self.rewards.extend([0.0] * len(ids))
+        if logprobs is not None:
+            self.logprobs.extend(logprobs)
+        else:
+            self.logprobs.extend([math.nan if agent else 0.0] * len(ids))
+
+    def add_env_message(self, content: str, system: str | None = None) -> None:
+        """Append the environment's message (and, first turn only, an optional system prompt)."""
+        if not self.ids:
+            opening = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+            self.messages.extend(opening)
+            self._append(self.chat.initial_ids(opening), agent=False)
+        else:
+            if system:
+                raise ValueError("A system prompt can only open an episode.")
+            self.messages.append({"role": "user", "content": content})
+            self._append(self.chat.user_delta_ids(content, self._last_agent_ids), agent=False)
+
+    def request(self, agent_state: Any, session_id: str) -> AgentRequest:
+        return AgentRequest(
+            messages=list(self.messages),
+            prompt_token_ids=list(self.ids),
+            agent_state=agent_state,
+            session_id=session_id,
+        )
+
+    def add_action(self, action: Action) -> str:
+        """Append the agent's tokens; returns the action text the environment must parse."""
+        prompt_len = len(self.ids)
+        if action.token_ids is not None:
+            ids = list(action.token_ids)
+            if action.logprobs is not None:
+                self.any_logprobs = True
+            self._append(ids, agent=True, logprobs=action.logprobs)
+        else:
+            ids = self.chat.encode(action.text)
+            self._append(ids, agent=True)
+        self._last_agent_ids = ids
+        self.messages.append({"role": "assistant", "content": action.text})
+        self.turns.append(Turn(prompt_len=prompt_len, start=prompt_len, end=len(self.ids), action=action.text, reward=0.0))
+        return action.text
+
+    def reward_turn(self, reward: float, info: dict[str, Any] | None = None) -> None:
+        """Record the reward of the last turn on its agent tokens (see :data:`REWARD_PLACEMENTS`)."""
+        reward = float(reward)
+        turn = self.turns[-1]
+        turn.reward = reward
+        turn.info = dict(info or {})
+        if reward == 0.0:
+            return
+        if turn.end > turn.start:
+            if self.reward_placement == "last":
+                self.rewards[turn.end - 1] += reward
+            else:
+                share = reward / (turn.end - turn.start)
+                for i in range(turn.start, turn.end):
+                    self.rewards[i] += share
+            return
+        agent_positions = [i for i, m in enumerate(self.mask) if m]
+        if agent_positions:
+            self.rewards[agent_positions[-1]] += reward
+        else:
+            turn.info["unplaced_reward"] = reward
+
+    def finish(self, status: Status, final_reward: float, error: str | None = None) -> Episode:
+        if status == "error":
+            final_reward = math.nan
+        episode = Episode(
+            full_token_ids=self.ids,
+            agent_token_mask=self.mask,
+            per_token_rewards=self.rewards,
+            logprobs=self.logprobs if self.any_logprobs else None,
+            final_reward=float(final_reward),
+            status=status,
+            error=error,
+            num_turns=len(self.turns),
+            messages=self.messages,
+            turns=self.turns,
+        )
+        episode.check()
+        return episode
+
+
+PADDED_SEQUENCE_KEYS = {
+    # output key: (episode key, pad value or "pad_token")
+    "padded_full_token_ids": ("full_token_ids", "pad_token"),
+    "padded_full_attention_mask": ("full_attention_mask", 0),
+    "padded_agent_token_mask": ("agent_token_mask", 0),
+    "padded_per_token_rewards": ("per_token_rewards", 0.0),
+    "padded_logprobs": ("logprobs", 0.0),
+}
+PER_ROLLOUT_KEYS = {
+    # output key: episode key
+    "final_rewards": "final_reward",
+    "num_turns": "num_turns",
+    "statuses": "status",
+    "errors": "error",
+    "conversations": "messages",
+}
+
+
+def pad_task(episodes: list[dict[str, Any]], pad_token_id: int) -> dict[str, list]:
+    """Right-pad one task's rollouts to the longest of them.
+
+    ``episodes`` are R4 dictionaries (see :meth:`~hf_rollouts.types.Episode.to_dict`).
+    Ids are padded with ``pad_token_id``; masks, rewards and log-probabilities
+    with 0. An episode without log-probabilities keeps ``None``. Returns one
+    list per key of :data:`PADDED_SEQUENCE_KEYS` and :data:`PER_ROLLOUT_KEYS`,
+    each with ``len(episodes)`` entries.
+    """
+    if not episodes:
+        raise ValueError("pad_task needs at least one episode.")
+    width = max(len(e["full_token_ids"]) for e in episodes)
+    out: dict[str, list] = {}
+    for key, (src, pad) in PADDED_SEQUENCE_KEYS.items():
+        value = pad_token_id if pad == "pad_token" else pad
+        out[key] = [
+            None if e[src] is None else list(e[src]) + [value] * (width - len(e[src])) for e in episodes
+        ]
+    for key, src in PER_ROLLOUT_KEYS.items():
+        out[key] = [e[src] for e in episodes]
+    return out

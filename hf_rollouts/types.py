@@ -1,0 +1,145 @@
+"""Core types shared by environments, agents and the pipeline.
+
+Everything here is a small dataclass with no behaviour beyond validation, so the
+contracts between the parts of the library can be read in one place:
+
+* an environment asks an agent for an action with an :class:`AgentRequest`;
+* the agent answers with an :class:`Action` (text, and, when it sampled them
+  itself, the exact token ids and their log-probabilities);
+* one finished episode is an :class:`Episode` (unpadded, token-level);
+* :data:`EPISODE_STATUSES` is the closed set of ways an episode can end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Message = dict[str, str]
+"""One chat message, ``{"role": "system" | "user" | "assistant", "content": str}``."""
+
+Status = Literal["done", "truncated", "error"]
+EPISODE_STATUSES: tuple[str, ...] = ("done", "truncated", "error")
+"""``done``: the environment ended the episode (won or lost). ``truncated``: a
+turn or token budget cut it off before the environment ended it. ``error``: an
+exception was raised; the episode's reward is NaN, never a fake zero."""
+
+
+@dataclass(frozen=True)
+class AgentRequest:
+    """What an environment hands an agent at one turn.
+
+    Attributes:
+        messages: the readable conversation so far, ending with the
+            environment's newest user message.
+        prompt_token_ids: the exact token ids of the conversation so far, ending
+            with the chat template's generation prompt. A token-level agent must
+            condition on exactly these ids; they are a prefix of the episode's
+            stored ``full_token_ids``.
+        agent_state: whatever the agent returned last turn (``None`` at turn 0).
+        session_id: the episode's id, unique within a run.
+    """
+
+    messages: list[Message]
+    prompt_token_ids: list[int]
+    agent_state: Any = None
+    session_id: str = ""
+
+
+@dataclass(frozen=True)
+class Action:
+    """An agent's answer to one :class:`AgentRequest`.
+
+    Attributes:
+        text: the decoded action that the environment parses.
+        token_ids: the ids the agent sampled, in order, including a final
+            end-of-turn token if one was sampled. ``None`` for text-only agents;
+            the environment then tokenizes ``text`` once.
+        logprobs: one sampling log-probability per entry of ``token_ids``, or
+            ``None`` when the agent gives none.
+        stopped: ``True`` when generation ended on an end-of-turn token,
+            ``False`` when it hit its token budget mid-answer.
+    """
+
+    text: str
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    stopped: bool = True
+
+    def __post_init__(self) -> None:
+        if self.logprobs is not None and self.token_ids is None:
+            raise ValueError("Action.logprobs needs token_ids: log-probabilities belong to sampled ids.")
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            raise ValueError(
+                f"Action has {len(self.token_ids)} token_ids but {len(self.logprobs)} logprobs; "
+                "give exactly one log-probability per sampled id."
+            )
+
+
+@dataclass
+class Turn:
+    """One agent turn inside an episode, for people and for checks.
+
+    ``prompt_len`` is the number of stored ids the agent was conditioned on;
+    ``start``/``end`` delimit the agent's ids in ``full_token_ids``.
+    """
+
+    prompt_len: int
+    start: int
+    end: int
+    action: str
+    reward: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Episode:
+    """One complete (unpadded) episode, token by token.
+
+    Invariants (checked by :meth:`check`):
+      * all per-token lists have the same length;
+      * ``per_token_rewards`` is non-zero only where ``agent_token_mask`` is 1;
+      * ``logprobs`` (when not ``None``) is 0.0 wherever the mask is 0;
+      * ``status == "error"`` iff ``error`` is set, and then ``final_reward`` is NaN.
+    """
+
+    full_token_ids: list[int]
+    agent_token_mask: list[int]
+    per_token_rewards: list[float]
+    logprobs: list[float] | None
+    final_reward: float
+    status: Status
+    error: str | None
+    num_turns: int
+    messages: list[Message]
+    turns: list[Turn]
+
+    @property
+    def full_attention_mask(self) -> list[int]:
+        return [1] * len(self.full_token_ids)
+
+    def check(self) -> None:
+        """Raise ``AssertionError`` if a token-level invariant is broken."""
+        n = len(self.full_token_ids)
+        assert len(self.agent_token_mask) == n and len(self.per_token_rewards) == n
+        assert self.logprobs is None or len(self.logprobs) == n
+        for m, r in zip(self.agent_token_mask, self.per_token_rewards):
+            assert m == 1 or r == 0.0, "reward on a non-agent token"
+        assert self.status in EPISODE_STATUSES
+        assert (self.status == "error") == (self.error is not None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The seed's R4 dictionary plus the extras (logprobs, status, turns, messages)."""
+        return {
+            "full_token_ids": self.full_token_ids,
+            "full_attention_mask": self.full_attention_mask,
+            "agent_token_mask": self.agent_token_mask,
+            "per_token_rewards": self.per_token_rewards,
+            "final_reward": self.final_reward,
+            "logprobs": self.logprobs,
+            "num_turns": self.num_turns,
+            "status": self.status,
+            "error": self.error,
+            "messages": self.messages,
+            "turns": self.turns,
+        }

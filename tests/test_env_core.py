@@ -1,0 +1,184 @@
+"""MultistepEnv: the seed's T2-T5 and every token-level invariant of DESIGN.md."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hf_rollouts import MultistepEnv, ScriptedAgent
+from hf_rollouts.envs.mastermind import MastermindEnv
+from hf_rollouts.types import Action
+
+R4_KEYS = {"full_token_ids", "full_attention_mask", "agent_token_mask", "per_token_rewards", "final_reward"}
+R5_KEYS = {"padded_full_token_ids", "padded_full_attention_mask", "padded_agent_token_mask", "padded_per_token_rewards", "final_rewards"}
+PADDED = ["padded_full_token_ids", "padded_full_attention_mask", "padded_agent_token_mask", "padded_per_token_rewards"]
+
+
+def check_invariants(ep: dict) -> None:
+    n = len(ep["full_token_ids"])
+    assert all(len(ep[k]) == n for k in ("full_attention_mask", "agent_token_mask", "per_token_rewards"))
+    for m, r in zip(ep["agent_token_mask"], ep["per_token_rewards"]):
+        assert m == 1 or r == 0.0
+    assert ep["status"] in ("done", "truncated", "error")
+
+
+# -- T2 -----------------------------------------------------------------------
+def test_init_stores_tokenizer_and_config(tokenizer):
+    env = MastermindEnv(tokenizer, {"code_length": 3, "num_symbols": 5, "max_guesses": 7})
+    assert env.tokenizer is tokenizer
+    assert env.env_config["code_length"] == 3
+    assert (env.code_length, env.num_symbols, env.max_turns) == (3, 5, 7)
+
+
+def test_base_class_has_no_rubric_and_is_abstract(tokenizer):
+    assert not hasattr(MultistepEnv, "get_rubric")
+    with pytest.raises(TypeError):
+        MultistepEnv(tokenizer, {})
+
+
+def test_bad_config_is_rejected(tokenizer):
+    with pytest.raises(TypeError, match="env_config must be a dict"):
+        MastermindEnv(tokenizer, ["code_length", 4])
+    with pytest.raises(ValueError, match="max_turns"):
+        MastermindEnv(tokenizer, {"max_turns": 0})
+
+
+# -- T3 -----------------------------------------------------------------------
+def test_run_complete_episode_with_scripted_agent(tokenizer):
+    env = MastermindEnv(tokenizer, {"max_turns": 5})
+    script = ["1 1 2 2", "not a guess", "4 5 2 4"]
+    ep = env._run_complete_episode("s0", ScriptedAgent(script), {"code": [4, 5, 2, 4]})
+    assert R4_KEYS <= set(ep)
+    check_invariants(ep)
+    assert ep["status"] == "done" and ep["error"] is None and ep["num_turns"] == 3
+    assert ep["final_reward"] == 1.0
+    # the agent mask marks exactly the scripted texts, tokenized once each
+    for turn, text in zip(ep["turns"], script):
+        assert ep["full_token_ids"][turn.start : turn.end] == env.chat.encode(text)
+        assert all(ep["agent_token_mask"][turn.start : turn.end])
+    assert sum(ep["agent_token_mask"]) == sum(len(env.chat.encode(t)) for t in script)
+    # the step reward sits on the last token of the winning turn, nowhere else
+    win = ep["turns"][-1]
+    assert ep["per_token_rewards"][win.end - 1] == 1.0 and sum(ep["per_token_rewards"]) == 1.0
+    # unpadded: the sequence ends with the agent's last token, no pad ids
+    assert ep["full_token_ids"][-1] != tokenizer.pad_token_id and len(ep["full_token_ids"]) == win.end
+    assert ep["logprobs"] is None  # a text agent reports none
+    assert [m["role"] for m in ep["messages"]] == ["user", "assistant"] * 3
+
+
+def test_truncated_episode_is_not_done(tokenizer):
+    env = MastermindEnv(tokenizer, {"max_turns": 2})
+    ep = env._run_complete_episode("s", ScriptedAgent(["1 1 1 1"]), {"code": [2, 2, 2, 2]})
+    assert ep["status"] == "truncated" and ep["num_turns"] == 2 and ep["final_reward"] == 0.0
+
+
+def test_spread_placement_keeps_the_reward_sum(tokenizer):
+    env = MastermindEnv(tokenizer, {"reward_placement": "spread"})
+    ep = env._run_complete_episode("s", ScriptedAgent(["2 2 2 2"]), {"code": [2, 2, 2, 2]})
+    turn = ep["turns"][0]
+    assert math.isclose(sum(ep["per_token_rewards"]), 1.0, rel_tol=1e-6)
+    assert all(r > 0 for r in ep["per_token_rewards"][turn.start : turn.end])
+
+
+def test_episode_error_is_recorded_never_a_zero_reward_success(tokenizer):
+    env = MastermindEnv(tokenizer, {"max_turns": 4})
+    ep = env._run_complete_episode("s", ScriptedAgent(["1 2 3 4"], fail_at={1}), {"code": [6, 6, 6, 6]})
+    assert ep["status"] == "error" and "scripted failure at call 1" in ep["error"]
+    assert math.isnan(ep["final_reward"])
+    assert ep["num_turns"] == 1 and sum(ep["agent_token_mask"]) > 0  # the partial trajectory is kept
+    check_invariants(ep)
+    with pytest.raises(RuntimeError, match="scripted failure"):
+        env._run_complete_episode("s", ScriptedAgent(["1 2 3 4"], fail_at={0}), {"code": [6, 6, 6, 6]}, on_error="raise")
+
+
+def test_env_error_on_bad_task_data_is_recorded(tokenizer):
+    env = MastermindEnv(tokenizer, {})
+    ep = env._run_complete_episode("s", ScriptedAgent(["1 2 3 4"]), {"code": [9, 9]})
+    assert ep["status"] == "error" and "does not fit" in ep["error"] and ep["num_turns"] == 0
+
+
+# -- T4 -----------------------------------------------------------------------
+def test_run_trial_calls_each_episode_and_pads_per_task(tokenizer, monkeypatch):
+    env = MastermindEnv(tokenizer, {"max_turns": 4})
+    calls = []
+    real = env._run_complete_episode
+
+    def counting(session_id, agent, task_data, **kw):
+        calls.append(session_id)
+        return real(session_id, agent, task_data, **kw)
+
+    monkeypatch.setattr(env, "_run_complete_episode", counting)
+    tasks = [{"code": [1, 2, 3, 4]}, {"code": [6, 6, 6, 6]}]  # solved at turn 1 / never solved
+    out = env.run_trial(tasks, ScriptedAgent(["1 2 3 4"]), num_rollouts=3)
+    assert len(calls) == len(set(calls)) == 6
+    assert R5_KEYS <= set(out)
+    assert all(len(out[k]) == 6 for k in PADDED + ["final_rewards", "statuses"])
+    lengths = [[len(out[k][i]) for k in PADDED] for i in range(6)]
+    assert all(len(set(row)) == 1 for row in lengths)
+    assert len({lengths[i][0] for i in range(3)}) == 1 and len({lengths[i][0] for i in range(3, 6)}) == 1
+    assert lengths[0][0] < lengths[3][0]  # different tasks, different padded lengths
+    assert out["final_rewards"] == [1.0] * 3 + [0.0] * 3
+    assert out["statuses"] == ["done"] * 3 + ["truncated"] * 3
+
+
+def test_padding_values(tokenizer):
+    env = MastermindEnv(tokenizer, {"max_turns": 3})
+    # a group with unequal lengths: one rollout solves at once, one a turn later
+    group = env.pad_trial(
+        [
+            env._run_complete_episode("a", ScriptedAgent(["1 2 3 4"]), {"code": [1, 2, 3, 4]}),
+            env._run_complete_episode("b", ScriptedAgent(["5 5 5 5", "1 2 3 4"]), {"code": [1, 2, 3, 4]}),
+        ],
+        2,
+    )[0]
+    short = sum(group["padded_full_attention_mask"][0])
+    width = len(group["padded_full_token_ids"][0])
+    assert short < width == len(group["padded_full_token_ids"][1]) == sum(group["padded_full_attention_mask"][1])
+    assert group["padded_full_token_ids"][0][short:] == [tokenizer.pad_token_id] * (width - short)
+    for key in ("padded_full_attention_mask", "padded_agent_token_mask", "padded_per_token_rewards"):
+        assert group[key][0][short:] == [0] * (width - short)
+
+
+# -- T5 and token-in/token-out with the real model ----------------------------
+def test_sampled_ids_are_stored_verbatim_and_prompts_are_prefixes(tokenizer, hf_agent, recording):
+    env = MastermindEnv(tokenizer, {"max_turns": 3})
+    agent = recording(hf_agent)
+    out = env.run_trial([{"code": [1, 2, 3, 4]}, {"code": [3, 3, 1, 1]}], agent, num_rollouts=2)
+    assert sorted(agent.log) == sorted(f"task{t}/rollout{r}" for t in range(2) for r in range(2))
+    for i, session in enumerate(f"task{t}/rollout{r}" for t in range(2) for r in range(2)):
+        ids = out["padded_full_token_ids"][i]
+        mask = out["padded_agent_token_mask"][i]
+        lps = out["padded_logprobs"][i]
+        sampled_positions = []
+        for prompt, action in agent.log[session]:
+            assert ids[: len(prompt)] == prompt  # what the model saw is a prefix of what is stored
+            span = range(len(prompt), len(prompt) + len(action.token_ids))
+            assert [ids[p] for p in span] == action.token_ids  # exactly the sampled ids
+            assert all(mask[p] == 1 for p in span)
+            assert [lps[p] for p in span] == pytest.approx(action.logprobs)
+            sampled_positions += list(span)
+        assert [p for p, m in enumerate(mask) if m] == sampled_positions  # nothing else is marked agent
+        assert all(r == 0.0 or mask[p] for p, r in enumerate(out["padded_per_token_rewards"][i]))
+        assert all(lp == 0.0 for lp, m in zip(lps, mask) if not m)
+        assert all(lp <= 0.0 for lp, m in zip(lps, mask) if m)
+
+
+def test_text_agent_and_token_agent_mix_in_one_conversation(tokenizer):
+    """A turn without ids is tokenized once; a later turn with ids is stored verbatim."""
+    from hf_rollouts.agents.base import Agent
+
+    ids_turn = tokenizer("6 6 6 6", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+    class Mixed(Agent):
+        def get_action(self, messages, agent_state=None):
+            if not agent_state:
+                return "1 2 3 4", 1
+            return Action(text="6 6 6 6", token_ids=ids_turn, logprobs=[-0.5] * len(ids_turn)), 2
+
+    env = MastermindEnv(tokenizer, {})
+    ep = env._run_complete_episode("m", Mixed(), {"code": [6, 6, 6, 6]})
+    first, second = ep["turns"]
+    assert ep["full_token_ids"][second.start : second.end] == ids_turn
+    assert all(math.isnan(x) for x in ep["logprobs"][first.start : first.end])  # no logprobs for text turns
+    assert ep["logprobs"][second.start : second.end] == [-0.5] * len(ids_turn)
