@@ -1,0 +1,206 @@
+"""``hf-rollouts``: make task datasets, generate rollouts, inspect them.
+
+Each command's options are a dataclass; the parser is generated from it
+(transformers' ``HfArgumentParser``), so ``--help`` and the code never disagree.
+Works under ``accelerate launch``: every process generates its shard, the main
+process saves, pushes and prints.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transformers import HfArgumentParser
+
+
+def _json_dict(text: str | None, flag: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"error: {flag} must be a JSON object, e.g. '{{\"max_turns\": 6}}' ({exc}).")
+    if not isinstance(value, dict):
+        raise SystemExit(f"error: {flag} must be a JSON object, got {value!r}.")
+    return value
+
+
+@dataclass
+class TasksArgs:
+    env: str = field(metadata={"help": "Environment short name (twenty_questions, mastermind, guess_number) or class path."})
+    output: str = field(metadata={"help": "Directory to write the task dataset to (save_to_disk)."})
+    split: str = field(default="train", metadata={"help": "train or eval (disjoint task sets).", "choices": ["train", "eval"]})
+    num_tasks: int | None = field(default=None, metadata={"help": "Number of tasks (default: all of the split)."})
+    env_config: str | None = field(default=None, metadata={"help": "JSON env_config, e.g. '{\"max_turns\": 6}'."})
+
+
+@dataclass
+class GenerateArgs:
+    output: str = field(metadata={"help": "Directory for the rollout dataset, its parquet copy and README.md card."})
+    env: str | None = field(default=None, metadata={"help": "Make tasks from this environment (see `tasks --env`)."})
+    tasks: str | None = field(default=None, metadata={"help": "Or read tasks from a save_to_disk dir, parquet file(s) or Hub dataset id."})
+    num_tasks: int = field(default=8, metadata={"help": "Tasks to make with --env."})
+    split: str = field(default="train", metadata={"help": "Split to make with --env.", "choices": ["train", "eval"]})
+    env_config: str | None = field(default=None, metadata={"help": "JSON env_config for --env."})
+    num_rollouts: int = field(default=4, metadata={"help": "Episodes per task (one GRPO group per task)."})
+    model: str = field(default="tiny", metadata={"help": "'tiny' (embedded, offline), 'tiny-small', or a model id / path."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (0 = greedy)."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
+    max_new_tokens: int = field(default=48, metadata={"help": "Token budget of one agent turn."})
+    backend: str = field(default="generate", metadata={"help": "Generation backend.", "choices": ["generate", "continuous"]})
+    seed: int = field(default=0, metadata={"help": "Sampling seed; a new seed always gives fresh samples."})
+    batch_size: int = field(default=16, metadata={"help": "Tasks per map batch; their episodes share each generation call."})
+    shard_size: int = field(default=256, metadata={"help": "Tasks per resumable cache shard."})
+    max_concurrency: int | None = field(default=None, metadata={"help": "Cap on concurrent episodes per batch."})
+    on_error: str = field(default="record", metadata={"help": "record failed episodes as status 'error', or raise.", "choices": ["record", "raise"]})
+    allow_env_module: list[str] = field(default_factory=list, metadata={"help": "Module prefix(es) outside hf_rollouts.envs whose env classes may be imported (runs their code)."})
+    push_to_hub: str | None = field(default=None, metadata={"help": "Also push data and card to this Hub dataset repo."})
+    private: bool = field(default=False, metadata={"help": "Create the Hub repo as private."})
+    cache_dir: str | None = field(default=None, metadata={"help": "Shard cache directory (default ~/.cache/hf_rollouts/rollouts)."})
+    trust_remote_code: bool = field(default=False, metadata={"help": "Allow model code from the Hub (transformers' trust_remote_code)."})
+
+
+@dataclass
+class InspectArgs:
+    row: int = field(default=0, metadata={"help": "Task row to show."})
+    rollout: int = field(default=0, metadata={"help": "Rollout of that row to show."})
+    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer id/path (default: DIR/tokenizer, saved by generate)."})
+
+
+def load_tasks(spec: str):
+    """Load a task dataset from a save_to_disk dir, parquet file/dir, or a Hub id."""
+    from datasets import load_dataset, load_from_disk
+
+    path = Path(spec)
+    if path.is_dir() and (path / "state.json").is_file():
+        return load_from_disk(str(path))
+    if path.suffix == ".parquet" or (path.is_dir() and any(path.glob("**/*.parquet"))):
+        files = [str(path)] if path.is_file() else sorted(str(p) for p in path.glob("**/*.parquet"))
+        return load_dataset("parquet", data_files=files, split="train")
+    if path.exists():
+        raise SystemExit(f"error: {spec} is neither a save_to_disk directory nor parquet file(s).")
+    return load_dataset(spec, split="train")
+
+
+def _make_tasks(env: str, split: str, num_tasks: int | None, env_config: str | None):
+    from .envs import get_env_class
+    from .models import build_tokenizer
+
+    cls = get_env_class(env)
+    instance = cls(build_tokenizer(), _json_dict(env_config, "--env-config"))
+    return instance.get_eval_dataset(num_tasks) if split == "eval" else instance.get_train_dataset(num_tasks)
+
+
+def cmd_tasks(argv: list[str]) -> int:
+    (args,) = HfArgumentParser([TasksArgs], prog="hf-rollouts tasks").parse_args_into_dataclasses(argv)
+    ds = _make_tasks(args.env, args.split, args.num_tasks, args.env_config)
+    ds.save_to_disk(args.output)
+    print(f"wrote {len(ds)} {args.split} tasks of {args.env} to {args.output}")
+    return 0
+
+
+def cmd_generate(argv: list[str]) -> int:
+    (args,) = HfArgumentParser([GenerateArgs], prog="hf-rollouts generate").parse_args_into_dataclasses(argv)
+    if (args.env is None) == (args.tasks is None):
+        raise SystemExit("error: give exactly one of --env NAME or --tasks DIR_OR_HUB_ID.")
+    from accelerate import PartialState
+
+    from .agents.hf import SamplingConfig
+    from .agents.loading import load_agent
+    from .cards import render_card
+    from .pipeline import generate_rollouts
+    from .publish import push_rollouts, save_rollouts
+    from .stats import compute_stats
+
+    tasks = _make_tasks(args.env, args.split, args.num_tasks, args.env_config) if args.env else load_tasks(args.tasks)
+    sampling = SamplingConfig(args.temperature, args.top_p, args.max_new_tokens, args.seed, args.backend)
+    agent = load_agent(args.model, sampling, trust_remote_code=args.trust_remote_code) if args.model not in ("tiny", "tiny-small") else load_agent(args.model, sampling)
+    ds = generate_rollouts(
+        tasks,
+        agent,
+        args.num_rollouts,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        shard_size=args.shard_size,
+        allowed_env_modules=args.allow_env_module,
+        max_concurrency=args.max_concurrency,
+        on_error=args.on_error,
+        cache_dir=args.cache_dir,
+    )
+    state = PartialState()
+    if not state.is_main_process:
+        return 0
+    info = {**agent.describe(), "tokenizer": agent.tokenizer.name_or_path or agent.name}
+    card = render_card(
+        ds, agent_info=info, seed=args.seed, pad_token_id=agent.tokenizer.pad_token_id,
+        load_path=args.push_to_hub or str(Path(args.output).resolve()),
+    )
+    save_rollouts(ds, args.output, card)
+    agent.tokenizer.save_pretrained(str(Path(args.output) / "tokenizer"))
+    stats = compute_stats(ds)
+    print(f"\nwrote {len(ds)} tasks x {args.num_rollouts} rollouts to {args.output} (card: {Path(args.output) / 'README.md'})")
+    for key, value in stats.table():
+        print(f"  {key:<22} {value}")
+    if args.push_to_hub:
+        url = push_rollouts(ds, args.push_to_hub, card, private=args.private)
+        print(f"pushed to {url}")
+    return 0
+
+
+def cmd_inspect(argv: list[str]) -> int:
+    parser = HfArgumentParser([InspectArgs], prog="hf-rollouts inspect")
+    parser.add_argument("path", help="Rollout dataset directory written by `hf-rollouts generate`.")
+    args, ns = parser.parse_args_into_dataclasses(argv)
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from .render import format_trajectory
+    from .stats import compute_stats
+
+    root = Path(ns.path)
+    if not (root / "state.json").is_file():
+        raise SystemExit(f"error: {root} is not a rollout dataset directory (no state.json); point at `generate --output`.")
+    ds = load_from_disk(str(root))
+    if not 0 <= args.row < len(ds):
+        raise SystemExit(f"error: --row {args.row} is out of range; the dataset has {len(ds)} rows.")
+    row = ds[args.row]
+    if not 0 <= args.rollout < len(row["final_rewards"]):
+        raise SystemExit(f"error: --rollout {args.rollout} is out of range; row {args.row} has {len(row['final_rewards'])} rollouts.")
+    tok_path = args.tokenizer or (str(root / "tokenizer") if (root / "tokenizer").is_dir() else None)
+    tokenizer = AutoTokenizer.from_pretrained(tok_path) if tok_path else None
+    print("=== summary")
+    for key, value in compute_stats(ds).table():
+        print(f"  {key:<22} {value}")
+    print(f"=== row {args.row}, rollout {args.rollout}")
+    print(format_trajectory(row, args.rollout, tokenizer))
+    return 0
+
+
+COMMANDS = {"tasks": cmd_tasks, "generate": cmd_generate, "inspect": cmd_inspect}
+USAGE = """usage: hf-rollouts {tasks,generate,inspect} [options]
+
+  tasks      write a task dataset for an environment
+  generate   play episodes and write a rollout dataset (+ parquet, card; optional Hub push)
+  inspect    print a rollout dataset's statistics and one trajectory
+
+Run `hf-rollouts COMMAND --help` for a command's options."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command = COMMANDS.get(argv[0])
+    if command is None:
+        print(f"error: unknown command {argv[0]!r}.\n{USAGE}", file=sys.stderr)
+        return 2
+    return command(argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

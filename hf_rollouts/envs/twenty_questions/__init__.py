@@ -1,0 +1,4 @@
+from .env import TwentyQuestionsEnv
+from .knowledge import Gamemaster, KnowledgeBase, KnowledgeBaseGamemaster
+
+__all__ = ["Gamemaster", "KnowledgeBase", "KnowledgeBaseGamemaster", "TwentyQuestionsEnv"]

@@ -1,0 +1,110 @@
+"""Twenty Questions: find a hidden object with yes/no questions, then guess it.
+
+``env_config``:
+
+* ``hardcore`` (False): draw objects from the hard list instead of the basic one.
+* ``max_turns`` (20): questions, guesses included.
+* ``win_reward`` (1.0): step reward of the correct guess.
+* ``question_reward`` (0.0): step reward of every other turn (e.g. -0.01 to
+  favour short games).
+* ``wrong_guess_reward`` (0.0): step reward of a wrong guess.
+* ``gamemaster`` ("knowledge_base"): who answers questions. Any object with
+  ``answer(question, solution) -> "Yes" | "No" | "I don't know"`` can be
+  passed to the constructor instead (see :class:`~.knowledge.Gamemaster`).
+* ``seed``: task generation.
+
+``task_data``: ``{"solution": str}``. The episode ends with reward
+``win_reward`` when a guess names the solution; the gamemaster never sees
+guesses, only questions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from ..base import MultistepEnv
+from .knowledge import Gamemaster, KnowledgeBase, KnowledgeBaseGamemaster
+
+GAMEMASTERS = ("knowledge_base",)
+
+
+@dataclass
+class TwentyQuestionsState:
+    solution: str
+    last_message: str = ""
+    questions: list[tuple[str, str]] = field(default_factory=list)
+    guesses: list[str] = field(default_factory=list)
+    found: bool = False
+
+
+class TwentyQuestionsEnv(MultistepEnv):
+    name = "twenty_questions"
+    default_max_turns = 20
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        env_config: dict[str, Any] | None = None,
+        gamemaster: Gamemaster | None = None,
+    ) -> None:
+        super().__init__(tokenizer, env_config)
+        self.hardcore = bool(self.env_config.get("hardcore", False))
+        self.win_reward = float(self.env_config.get("win_reward", 1.0))
+        self.question_reward = float(self.env_config.get("question_reward", 0.0))
+        self.wrong_guess_reward = float(self.env_config.get("wrong_guess_reward", 0.0))
+        self.kb = KnowledgeBase.load()
+        if gamemaster is None:
+            kind = self.env_config.get("gamemaster", "knowledge_base")
+            if kind not in GAMEMASTERS:
+                raise ValueError(
+                    f"env_config['gamemaster'] must be one of {GAMEMASTERS}, got {kind!r}; "
+                    "pass an object with answer(question, solution) as `gamemaster=` for others."
+                )
+            gamemaster = KnowledgeBaseGamemaster(self.kb)
+        self.gamemaster = gamemaster
+
+    def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
+        objects = list(self.kb.hardcore if self.hardcore else self.kb.basic)
+        self._rng("tasks", self.hardcore).shuffle(objects)
+        n_eval = max(1, len(objects) // 5)
+        chosen = objects[:n_eval] if split == "eval" else objects[n_eval:]
+        return [{"solution": o} for o in chosen[:num_tasks]]
+
+    def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> TwentyQuestionsState:
+        solution = str(task_data["solution"]).strip().lower()
+        if solution not in self.kb.objects:
+            raise ValueError(
+                f"task_data['solution'] {solution!r} is not in the knowledge base; "
+                "use an object from KnowledgeBase.load().basic or .hardcore."
+            )
+        return TwentyQuestionsState(solution=solution)
+
+    def _format_prompt(self, state: TwentyQuestionsState, step: int) -> str:
+        if step == 0:
+            kind = "a hard-to-guess object" if self.hardcore else "an everyday object"
+            return (
+                f"Let's play Twenty Questions. I am thinking of {kind}. Ask me yes-or-no questions, one per turn, "
+                f"and I will answer Yes, No or I don't know. When you think you know it, guess with 'Is it a <object>?'. "
+                f"You have {self.max_turns} turns. Ask your first question."
+            )
+        return state.last_message
+
+    def _step_episode(
+        self, session_id: str, state: TwentyQuestionsState, action: str
+    ) -> tuple[TwentyQuestionsState, float, bool, dict[str, Any]]:
+        guess = self.kb.guessed_object(action)
+        if guess is not None:
+            state.guesses.append(guess)
+            if guess == state.solution:
+                state.found = True
+                state.last_message = f"Yes! It is {guess}. You found it."
+                return state, self.win_reward, True, {"kind": "guess", "guess": guess, "correct": True}
+            state.last_message = f"No, it is not {guess}. Ask another question."
+            return state, self.wrong_guess_reward, False, {"kind": "guess", "guess": guess, "correct": False}
+        answer = self.gamemaster.answer(action, state.solution)
+        state.questions.append((action, answer))
+        state.last_message = answer
+        return state, self.question_reward, False, {"kind": "question", "answer": answer}

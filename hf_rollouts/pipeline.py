@@ -1,0 +1,295 @@
+"""Task dataset in, rollout dataset out: one batched ``Dataset.map`` per shard.
+
+:func:`generate_rollouts` validates every task row (before any generation),
+splits the tasks into fixed contiguous shards, and expands each shard with a
+batched ``map``. In each map batch the rows are grouped by
+``(env_class_path, env_config)``; each group's env is built once per call
+(cached by class and canonical config); *all* episodes of the batch — every
+group, task and rollout — run concurrently and share each agent call; the
+padded per-task results go back in row order as new columns.
+
+Caching and resume: each shard's map writes
+``<cache_dir>/<fingerprint>-shard<i>-of<n>.arrow``. The fingerprint hashes
+everything that changes the output (input fingerprint, the agent's
+:meth:`~hf_rollouts.agents.base.Agent.fingerprint` with its sampling settings,
+the tokenizer, ``num_rollouts``, ``seed``, ``batch_size``, ``shard_size``,
+``on_error``), so the same call returns the cached dataset and a new seed
+always samples afresh. A run killed part-way keeps its finished shards
+(``datasets`` moves a shard file into place only when it is complete); starting
+it again redoes only the rest.
+
+Several processes (``accelerate launch --num_processes N``): process ``p``
+expands a contiguous block of shards, everyone waits, and each process then
+reads all shard files in task order. Shards, batches and per-batch seeds are the
+same for any ``N``, so the result equals a one-process run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import datasets
+from accelerate import PartialState
+from datasets import Dataset, Features, List, Value, concatenate_datasets
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from . import __version__
+from .agents.base import Agent
+from .envs.base import MultistepEnv
+from .runner import run_episodes
+from .schema import TASK_COLUMNS, validate_tasks
+
+ROLLOUT_FEATURES = Features(
+    {
+        "padded_full_token_ids": List(List(Value("int32"))),
+        "padded_full_attention_mask": List(List(Value("int8"))),
+        "padded_agent_token_mask": List(List(Value("int8"))),
+        "padded_per_token_rewards": List(List(Value("float32"))),
+        "padded_logprobs": List(List(Value("float32"))),
+        "final_rewards": List(Value("float32")),
+        "num_turns": List(Value("int32")),
+        "statuses": List(Value("string")),
+        "errors": List(Value("string")),
+        "conversations": List(List({"role": Value("string"), "content": Value("string")})),
+    }
+)
+"""Columns added to every task row. Outer lists have ``num_rollouts`` entries;
+inner sequences are padded to the task's longest rollout. ``padded_logprobs`` is
+``None`` for a rollout whose agent gave no log-probabilities (NaN marks agent
+tokens of individual turns without them). ``final_rewards`` is NaN for
+``status == "error"``."""
+
+
+def default_rollout_cache_dir() -> Path:
+    from .models import default_cache_dir
+
+    return default_cache_dir() / "rollouts"
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, default=repr, separators=(",", ":"))
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """A hash of the vocabulary, special tokens and chat template."""
+    payload = _canonical(
+        {
+            "vocab": sorted(tokenizer.get_vocab().items()),
+            "special": tokenizer.all_special_tokens,
+            "template": getattr(tokenizer, "chat_template", None),
+        }
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    """Everything besides tasks and agent that shapes a rollout run."""
+
+    num_rollouts: int
+    seed: int = 0
+    batch_size: int = 16
+    shard_size: int = 256
+    max_concurrency: int | None = None
+    on_error: str = "record"
+
+    def __post_init__(self) -> None:
+        for name in ("num_rollouts", "batch_size", "shard_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.on_error not in ("record", "raise"):
+            raise ValueError(f"on_error must be 'record' or 'raise', got {self.on_error!r}.")
+
+
+class _EnvCache:
+    """One env instance per (class path, canonical config), reused across batches and shards."""
+
+    def __init__(self, classes: dict[str, type[MultistepEnv]], tokenizer: PreTrainedTokenizerBase) -> None:
+        self.classes, self.tokenizer = classes, tokenizer
+        self._envs: dict[tuple[str, str], MultistepEnv] = {}
+
+    def get(self, path: str, config: dict[str, Any]) -> MultistepEnv:
+        key = (path, _canonical(config))
+        if key not in self._envs:
+            self._envs[key] = self.classes[path](self.tokenizer, config)
+        return self._envs[key]
+
+
+def _batch_seed(seed: int, first_index: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{first_index}".encode()).digest()[:4], "little")
+
+
+class _Expander:
+    """The map function: expands a batch of task rows into rollout columns."""
+
+    def __init__(self, envs: _EnvCache, agent: Agent, opts: RolloutOptions, offset: int, progress: tqdm | None) -> None:
+        self.envs, self.agent, self.opts, self.offset, self.progress = envs, agent, opts, offset, progress
+
+    def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        n, r = len(indices), self.opts.num_rollouts
+        jobs = []
+        for row in range(n):
+            env = self.envs.get(batch["env_class_path"][row], batch["env_config"][row])
+            global_row = self.offset + indices[row]
+            jobs += env.episode_jobs([batch["task_data"][row]], r, prefix=f"row{global_row}/", start=row * r)
+        self.agent.set_seed(_batch_seed(self.opts.seed, self.offset + indices[0]))
+        episodes = run_episodes(
+            jobs,
+            self.agent,
+            max_concurrency=self.opts.max_concurrency,
+            on_error=self.opts.on_error,
+            on_episode_end=(lambda: self.progress.update(1)) if self.progress is not None else None,
+        )
+        out: dict[str, list] = {key: [] for key in ROLLOUT_FEATURES}
+        for row in range(n):
+            env = jobs[row * r].env
+            (group,) = env.pad_trial(episodes[row * r : (row + 1) * r], r)
+            for key in ROLLOUT_FEATURES:
+                out[key].append(group[key])
+        return out
+
+
+@contextmanager
+def _quiet_datasets_bars() -> Iterator[None]:
+    was = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was:
+            datasets.enable_progress_bars()
+
+
+def rollout_fingerprint(tasks: Dataset, agent: Agent, tokenizer: PreTrainedTokenizerBase, opts: RolloutOptions) -> str:
+    """Hash of everything that changes :func:`generate_rollouts`' output."""
+    payload = _canonical(
+        {
+            "tasks": tasks._fingerprint,
+            "agent": agent.fingerprint(),
+            "tokenizer": tokenizer_fingerprint(tokenizer),
+            "options": {k: getattr(opts, k) for k in ("num_rollouts", "seed", "batch_size", "shard_size", "on_error", "max_concurrency")},
+            "hf_rollouts": __version__,
+        }
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+def generate_rollouts(
+    tasks: Dataset,
+    agent: Agent,
+    num_rollouts: int,
+    *,
+    seed: int = 0,
+    batch_size: int = 16,
+    shard_size: int = 256,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    allowed_env_modules: Iterable[str] = (),
+    max_concurrency: int | None = None,
+    on_error: str = "record",
+    cache_dir: str | Path | None = None,
+    load_from_cache_file: bool = True,
+    progress: bool = True,
+) -> Dataset:
+    """Expand a task dataset into a rollout dataset (one row per task, see :data:`ROLLOUT_FEATURES`).
+
+    Args:
+        tasks: rows ``{env_class_path, env_config, task_data}`` (extra columns are kept).
+        agent: plays every episode.
+        num_rollouts: episodes per task (one GRPO group per row).
+        seed: seeds the agent's sampling, per map batch.
+        batch_size: task rows per map batch; all their episodes run concurrently.
+        shard_size: task rows per resumable cache file.
+        tokenizer: the env tokenizer; default ``agent.tokenizer``. It must be the
+            tokenizer of the model that samples, or stored ids would be meaningless.
+        allowed_env_modules: module prefixes outside ``hf_rollouts.envs`` whose
+            env classes may be imported (they run code: like ``trust_remote_code``).
+        max_concurrency: cap on episodes alive at once within a batch.
+        on_error: ``"record"`` keeps failed episodes as status ``error``; ``"raise"`` aborts.
+        cache_dir: where shard files go (default ``~/.cache/hf_rollouts/rollouts``).
+        load_from_cache_file: reuse finished shards of an identical earlier call.
+        progress: show a progress bar over episodes.
+
+    Raises:
+        TaskValidationError: for a malformed row or an untrusted/unknown env class,
+            before any generation.
+    """
+    opts = RolloutOptions(num_rollouts, seed, batch_size, shard_size, max_concurrency, on_error)
+    tokenizer = tokenizer if tokenizer is not None else getattr(agent, "tokenizer", None)
+    if tokenizer is None:
+        raise ValueError(
+            f"{type(agent).__name__} has no .tokenizer; pass tokenizer= (the tokenizer of the model whose tokens are stored)."
+        )
+    classes = validate_tasks(tasks, allowed_env_modules)
+    envs = _EnvCache(classes, tokenizer)
+    for i, (path, config) in enumerate(zip(tasks["env_class_path"], tasks["env_config"])):
+        try:
+            envs.get(path, config)  # build every env up front: bad configs fail before generation
+        except Exception as exc:
+            raise type(exc)(f"row {i}, field 'env_config': {path} rejected {config!r}: {exc}") from exc
+
+    fingerprint = rollout_fingerprint(tasks, agent, tokenizer, opts)
+    cache = Path(cache_dir) if cache_dir is not None else default_rollout_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    num_shards = max(1, math.ceil(len(tasks) / shard_size))
+    shard_files = [cache / f"{fingerprint}-shard{i:05d}-of{num_shards:05d}.arrow" for i in range(num_shards)]
+
+    state = PartialState()
+    per_proc = math.ceil(num_shards / state.num_processes)
+    mine = range(state.process_index * per_proc, min(num_shards, (state.process_index + 1) * per_proc))
+    todo = [i for i in mine if not (load_from_cache_file and shard_files[i].is_file())]
+    todo_tasks = sum(min(shard_size, len(tasks) - i * shard_size) for i in todo)
+    bar = tqdm(
+        total=todo_tasks * num_rollouts,
+        desc=f"rollouts{f' [process {state.process_index}]' if state.num_processes > 1 else ''}",
+        unit="episode",
+        disable=not progress or todo_tasks == 0,
+    )
+    with bar, _quiet_datasets_bars():
+        for i in mine:
+            _expand_shard(tasks, i, shard_size, shard_files[i], f"{fingerprint}-{i}", envs, agent, opts, bar, load_from_cache_file)
+    state.wait_for_everyone()
+    parts = [Dataset.from_file(str(f)) for f in shard_files]
+    return concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+
+
+def _expand_shard(
+    tasks: Dataset,
+    index: int,
+    shard_size: int,
+    cache_file: Path,
+    fingerprint: str,
+    envs: _EnvCache,
+    agent: Agent,
+    opts: RolloutOptions,
+    bar: tqdm,
+    load_from_cache_file: bool,
+) -> Dataset:
+    start = index * shard_size
+    shard = tasks.select(range(start, min(len(tasks), start + shard_size)))
+    features = Features({**shard.features, **ROLLOUT_FEATURES})
+    return shard.map(
+        _Expander(envs, agent, opts, start, bar),
+        batched=True,
+        batch_size=opts.batch_size,
+        with_indices=True,
+        features=features,
+        cache_file_name=str(cache_file),
+        load_from_cache_file=load_from_cache_file,
+        new_fingerprint=fingerprint,
+        desc="rollouts",
+    )
+
+
+def rollout_columns() -> list[str]:
+    return list(ROLLOUT_FEATURES)
+
+
+__all__ = ["ROLLOUT_FEATURES", "RolloutOptions", "TASK_COLUMNS", "generate_rollouts", "rollout_fingerprint"]

@@ -1,0 +1,46 @@
+"""Persist a rollout dataset: on disk (Arrow + parquet + card) or on the Hub (data, then card).
+
+Disk layout of ``save_rollouts(ds, DIR, card)``::
+
+    DIR/                 ``datasets.load_from_disk(DIR)``
+    DIR/README.md        the dataset card
+    DIR/parquet/train-00000-of-00001.parquet
+                         ``load_dataset("parquet", data_files="DIR/parquet/*.parquet")``
+
+The Hub push uploads the data first and the card body second, because
+``Dataset.push_to_hub`` rewrites only the YAML header of an existing README.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from datasets import Dataset
+from huggingface_hub import DatasetCard
+
+PARQUET_DIR = "parquet"
+
+
+def save_rollouts(ds: Dataset, output_dir: str | Path, card: DatasetCard | None = None) -> Path:
+    """Write ``ds`` with ``save_to_disk`` and as parquet, plus ``README.md`` when a card is given."""
+    out = Path(output_dir)
+    ds.save_to_disk(str(out))
+    (out / PARQUET_DIR).mkdir(exist_ok=True)
+    ds.to_parquet(str(out / PARQUET_DIR / "train-00000-of-00001.parquet"))
+    if card is not None:
+        card.save(str(out / "README.md"))
+    return out
+
+
+def parquet_files(output_dir: str | Path) -> list[str]:
+    return sorted(str(p) for p in (Path(output_dir) / PARQUET_DIR).glob("*.parquet"))
+
+
+def push_rollouts(
+    ds: Dataset, repo_id: str, card: DatasetCard | None = None, *, private: bool | None = None, token: str | None = None
+) -> str:
+    """Push the data, then the card, to the dataset repo ``repo_id``; return the repo URL."""
+    ds.push_to_hub(repo_id, private=private, token=token, commit_message="Upload rollouts (hf_rollouts)")
+    if card is not None:
+        card.push_to_hub(repo_id, repo_type="dataset", token=token, commit_message="Add dataset card (hf_rollouts)")
+    return f"https://huggingface.co/datasets/{repo_id}"

@@ -1,0 +1,93 @@
+"""Summary statistics of a rollout dataset, for dataset cards and ``hf-rollouts inspect``.
+
+A rollout *succeeds* when its status is ``done`` and its final reward is > 0.
+Error rollouts (NaN reward) are left out of reward means and counted apart;
+they count as failures for the solve rate and pass@k.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from datasets import Dataset
+
+
+@dataclass
+class RolloutStats:
+    tasks: int
+    rollouts_per_task: int
+    rollouts: int
+    mean_final_reward: float
+    std_final_reward: float
+    solve_rate: float
+    pass_at_k: float
+    mean_turns: float
+    mean_tokens: float
+    mean_agent_tokens: float
+    done: int
+    truncated: int
+    errors: int
+    environments: dict[str, int]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def table(self) -> list[tuple[str, str]]:
+        k = self.rollouts_per_task
+        return [
+            ("tasks", f"{self.tasks}"),
+            ("rollouts", f"{self.rollouts} ({k} per task)"),
+            ("mean final reward", f"{self.mean_final_reward:.4f} ± {self.std_final_reward:.4f} (std, errors excluded)"),
+            ("solve rate (pass@1)", f"{self.solve_rate:.4f}"),
+            (f"pass@{k}", f"{self.pass_at_k:.4f}"),
+            ("turns per episode", f"{self.mean_turns:.2f}"),
+            ("tokens per episode", f"{self.mean_tokens:.1f} ({self.mean_agent_tokens:.1f} sampled by the agent)"),
+            ("status counts", f"done {self.done}, truncated {self.truncated}, error {self.errors}"),
+        ]
+
+
+def _short_env(path: str) -> str:
+    return path.rsplit(".", 1)[-1]
+
+
+def compute_stats(ds: Dataset) -> RolloutStats:
+    """Statistics over every rollout of a rollout dataset (see module docstring for definitions)."""
+    cols = ds.select_columns(["env_class_path", "final_rewards", "statuses", "num_turns", "padded_full_attention_mask", "padded_agent_token_mask"])
+    rewards, statuses, turns, tokens, agent_tokens, task_solved = [], [], [], [], [], []
+    envs: Counter[str] = Counter()
+    k = 0
+    for row in cols:
+        envs[_short_env(row["env_class_path"])] += 1
+        k = max(k, len(row["final_rewards"]))
+        solved_any = False
+        for r, s, t, am, ag in zip(row["final_rewards"], row["statuses"], row["num_turns"], row["padded_full_attention_mask"], row["padded_agent_token_mask"]):
+            rewards.append(r)
+            statuses.append(s)
+            turns.append(t)
+            tokens.append(sum(am))
+            agent_tokens.append(sum(ag))
+            solved_any |= s == "done" and r is not None and not math.isnan(r) and r > 0
+        task_solved.append(solved_any)
+    r = np.array([x for x in rewards if x is not None and not math.isnan(x)], dtype=np.float64)
+    solved = [s == "done" and x is not None and not math.isnan(x) and x > 0 for s, x in zip(statuses, rewards)]
+    count = Counter(statuses)
+    return RolloutStats(
+        tasks=len(ds),
+        rollouts_per_task=k,
+        rollouts=len(rewards),
+        mean_final_reward=float(r.mean()) if len(r) else math.nan,
+        std_final_reward=float(r.std()) if len(r) else math.nan,
+        solve_rate=float(np.mean(solved)) if solved else math.nan,
+        pass_at_k=float(np.mean(task_solved)) if task_solved else math.nan,
+        mean_turns=float(np.mean(turns)) if turns else math.nan,
+        mean_tokens=float(np.mean(tokens)) if tokens else math.nan,
+        mean_agent_tokens=float(np.mean(agent_tokens)) if agent_tokens else math.nan,
+        done=count.get("done", 0),
+        truncated=count.get("truncated", 0),
+        errors=count.get("error", 0),
+        environments=dict(envs),
+    )

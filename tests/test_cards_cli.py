@@ -1,0 +1,70 @@
+"""Dataset card contents and the hf-rollouts CLI (tasks, generate, inspect), run in-process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from datasets import load_from_disk
+
+from hf_rollouts import ScriptedAgent
+from hf_rollouts.cards import render_card
+from hf_rollouts.cli import main
+from hf_rollouts.envs.mastermind import MastermindEnv
+from hf_rollouts.pipeline import generate_rollouts
+from hf_rollouts.stats import compute_stats
+
+
+def test_card_contents(tokenizer, tmp_path):
+    env = MastermindEnv(tokenizer, {"max_turns": 2})
+    tasks = env.get_train_dataset(2)
+    code = tasks[0]["task_data"]["code"]
+    agent = ScriptedAgent([" ".join(map(str, code))], fail_at={3})  # task 0 solved, one task-1 episode errors
+    ds = generate_rollouts(tasks, agent, 2, tokenizer=tokenizer, cache_dir=tmp_path, progress=False, max_concurrency=1)
+    stats = compute_stats(ds)
+    assert (stats.tasks, stats.rollouts, stats.errors) == (2, 4, 1)
+    assert stats.solve_rate == pytest.approx(0.5) and stats.pass_at_k == pytest.approx(0.5)
+    assert stats.mean_final_reward == pytest.approx(2 / 3)  # the error is excluded, not counted as 0
+    card = render_card(ds, agent_info={"model": "scripted", "sampling": {"temperature": 0.7}}, seed=5, pad_token_id=0, load_path="user/rollouts")
+    card.save(str(tmp_path / "README.md"))
+    text = (tmp_path / "README.md").read_text()
+    meta = yaml.safe_load(text.split("---")[1])
+    assert meta["license"] == "apache-2.0" and "hf_rollouts" in meta["tags"] and "reinforcement-learning" in meta["task_categories"]
+    assert "hf_rollouts.envs.mastermind.env.MastermindEnv" in text and '"max_turns": 2' in text
+    assert "| model | `scripted` |" in text and "| seed | `5` |" in text and "| num_rollouts | `2` |" in text
+    for column in ds.column_names:
+        assert f"`{column}`" in text
+    assert "| solve rate (pass@1) | 0.5000 |" in text and "| pass@2 | 0.5000 |" in text
+    assert "done 2, truncated 1, error 1" in text
+    assert 'load_rollouts("user/rollouts"' in text and 'load_dataset("user/rollouts"' in text
+
+
+def test_cli_tasks_generate_inspect(tmp_path, capsys):
+    tasks_dir, out_dir = tmp_path / "tasks", tmp_path / "out"
+    assert main(["tasks", "--env", "twenty_questions", "--num-tasks", "3", "--env-config", '{"max_turns": 2}', "--output", str(tasks_dir)]) == 0
+    tasks = load_from_disk(str(tasks_dir))
+    assert len(tasks) == 3 and tasks[0]["env_config"] == {"max_turns": 2}
+    args = ["generate", "--tasks", str(tasks_dir), "--num-rollouts", "2", "--model", "tiny", "--max-new-tokens", "8",
+            "--output", str(out_dir), "--cache-dir", str(tmp_path / "cache")]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "wrote 3 tasks x 2 rollouts" in printed and "pass@2" in printed
+    ds = load_from_disk(str(out_dir))
+    assert len(ds) == 3 and (out_dir / "README.md").is_file() and (out_dir / "tokenizer").is_dir()
+    assert list((out_dir / "parquet").glob("*.parquet"))
+    assert main(["inspect", str(out_dir), "--row", "1", "--rollout", "1"]) == 0
+    shown = capsys.readouterr().out
+    assert "=== summary" in shown and "rollout 1 of 2" in shown and "[[" in shown and "]]" in shown
+    assert ds[1]["conversations"][1][0]["content"][:40] in shown  # the env's opening message, decoded
+
+
+def test_cli_generate_from_env_and_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="exactly one of --env"):
+        main(["generate", "--output", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="JSON object"):
+        main(["generate", "--env", "mastermind", "--env-config", "{oops", "--output", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="out of range"):
+        main(["generate", "--env", "guess_number", "--num-tasks", "2", "--num-rollouts", "1", "--max-new-tokens", "4",
+              "--output", str(tmp_path / "g"), "--cache-dir", str(tmp_path / "c")]) or main(["inspect", str(tmp_path / "g"), "--row", "5"])
+    assert main([]) == 2 and "usage: hf-rollouts" in capsys.readouterr().out

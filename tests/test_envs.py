@@ -1,0 +1,117 @@
+"""Per-environment behaviour (T1, T2, T5) and a check_env-style contract run over every registered env."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_rollouts import ScriptedAgent
+from hf_rollouts.envs import ENV_REGISTRY, get_env_class
+from hf_rollouts.envs.guess_number import GuessNumberEnv
+from hf_rollouts.envs.mastermind import MastermindEnv, score_guess
+from hf_rollouts.envs.twenty_questions import KnowledgeBase, TwentyQuestionsEnv
+from hf_rollouts.schema import TASK_FEATURES, class_path
+
+
+# -- contract checks over every registered environment ------------------------
+@pytest.mark.parametrize("name", sorted(ENV_REGISTRY))
+def test_registered_env_contract(name, tokenizer):
+    cls = get_env_class(name)
+    env = cls(tokenizer, {"seed": 3, "max_turns": 2})
+    train, eval_ = env.get_train_dataset(), env.get_eval_dataset()
+    assert train.features == TASK_FEATURES and len(train) > 0 and len(eval_) > 0
+    assert {r["env_class_path"] for r in train} == {class_path(cls)}
+    train_tasks = {str(t) for t in train["task_data"]}
+    assert train_tasks.isdisjoint(str(t) for t in eval_["task_data"])  # disjoint splits
+    again = cls(tokenizer, {"seed": 3, "max_turns": 2}).get_train_dataset()
+    assert again["task_data"] == train["task_data"]  # deterministic under the seed
+    other = cls(tokenizer, {"seed": 4, "max_turns": 2}).get_train_dataset()
+    assert other["task_data"] != train["task_data"]
+    assert len(env.get_train_dataset(num_tasks=3)) == 3
+    # episode state lives in per-episode objects: two live episodes don't share anything
+    s1 = env._initialize_episode("a", train[0]["task_data"])
+    s2 = env._initialize_episode("b", train[1]["task_data"])
+    assert s1 is not s2 and env._format_prompt(s1, 0)
+    out = env.run_trial(train["task_data"][:2], ScriptedAgent(["hello"]), num_rollouts=2)
+    assert len(out["statuses"]) == 4 and all(s in ("done", "truncated") for s in out["statuses"])
+
+
+# -- Twenty Questions -----------------------------------------------------------
+def test_twenty_questions_init_parses_config(tokenizer):
+    env = TwentyQuestionsEnv(tokenizer, {"hardcore": True, "max_turns": 8, "question_reward": -0.01})
+    assert env.tokenizer is tokenizer and env.env_config["hardcore"] is True
+    assert env.hardcore and env.max_turns == 8 and env.question_reward == -0.01
+    assert TwentyQuestionsEnv(tokenizer, {}).max_turns == 20
+    with pytest.raises(ValueError, match="gamemaster"):
+        TwentyQuestionsEnv(tokenizer, {"gamemaster": "gpt"})
+
+
+def test_twenty_questions_dataset_rows(tokenizer):
+    kb = KnowledgeBase.load()
+    basic = TwentyQuestionsEnv(tokenizer, {}).get_train_dataset()
+    hard = TwentyQuestionsEnv(tokenizer, {"hardcore": True}).get_eval_dataset()
+    assert basic[0]["env_class_path"].endswith("TwentyQuestionsEnv") and basic[0]["env_config"] == {}
+    assert all(set(t) == {"solution"} and t["solution"] in kb.basic for t in basic["task_data"])
+    assert all(t["solution"] in kb.hardcore for t in hard["task_data"])
+
+
+def test_twenty_questions_episode(tokenizer):
+    env = TwentyQuestionsEnv(tokenizer, {"max_turns": 6, "question_reward": -0.1})
+    agent = ScriptedAgent(["Is it alive?", "Is it an animal?", "Is it a dog?", "Is it a clock?"])
+    ep = env._run_complete_episode("s", agent, {"solution": "clock"})
+    answers = [m["content"] for m in ep["messages"] if m["role"] == "user"][1:]
+    assert answers == ["No", "No", "No, it is not dog. Ask another question."]
+    assert ep["status"] == "done" and ep["num_turns"] == 4
+    assert ep["final_reward"] == pytest.approx(1.0 - 0.1 * 2)
+    rewards = [r for r in ep["per_token_rewards"] if r != 0.0]
+    assert rewards == pytest.approx([-0.1, -0.1, 1.0])  # one per rewarded turn, on agent tokens only
+    assert all(ep["agent_token_mask"][i] for i, r in enumerate(ep["per_token_rewards"]) if r)
+
+
+def test_twenty_questions_trial_with_the_real_model(tokenizer, hf_agent):
+    """T5: a real env, the real tiny model, two tasks, two rollouts each."""
+    env = TwentyQuestionsEnv(tokenizer, {"max_turns": 3})
+    out = env.run_trial([{"solution": "clock"}, {"solution": "chair"}], hf_agent, num_rollouts=2)
+    assert len(out["padded_full_token_ids"]) == 4
+    for group in (slice(0, 2), slice(2, 4)):
+        assert len({len(x) for x in out["padded_full_token_ids"][group]}) == 1
+    assert all(s in ("done", "truncated") for s in out["statuses"]) and all(n >= 1 for n in out["num_turns"])
+
+
+def test_custom_gamemaster_plugs_in(tokenizer):
+    class AlwaysYes:
+        def answer(self, question: str, solution: str) -> str:
+            return "Yes"
+
+    env = TwentyQuestionsEnv(tokenizer, {"max_turns": 2}, gamemaster=AlwaysYes())
+    ep = env._run_complete_episode("s", ScriptedAgent(["Is it made of unobtainium?"]), {"solution": "clock"})
+    assert ep["messages"][2]["content"] == "Yes"
+
+
+def test_unknown_solution_is_an_error_with_a_fix(tokenizer):
+    ep = TwentyQuestionsEnv(tokenizer, {}).\
+        _run_complete_episode("s", ScriptedAgent(["?"]), {"solution": "flux capacitor"})
+    assert ep["status"] == "error" and "KnowledgeBase.load().basic" in ep["error"]
+
+
+# -- Mastermind ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "code, guess, pegs",
+    [([1, 2, 3, 4], [1, 2, 3, 4], (4, 0)), ([1, 2, 3, 4], [4, 3, 2, 1], (0, 4)), ([1, 1, 2, 2], [1, 2, 1, 3], (1, 2)), ([6, 6, 6, 6], [1, 2, 3, 4], (0, 0))],
+)
+def test_mastermind_pegs(code, guess, pegs):
+    assert score_guess(code, guess) == pegs
+
+
+def test_mastermind_bad_guess_costs_a_turn_with_a_clear_message(tokenizer):
+    env = MastermindEnv(tokenizer, {"max_guesses": 3, "invalid_penalty": 0.5})
+    ep = env._run_complete_episode("s", ScriptedAgent(["banana", "1 2 7 4", "1 2 3 4"]), {"code": [1, 2, 3, 4]})
+    msgs = [m["content"] for m in ep["messages"] if m["role"] == "user"]
+    assert msgs[1].startswith("Invalid guess. Give exactly 4 digits, each from 1 to 6")
+    assert ep["num_turns"] == 3 and ep["status"] == "done" and ep["final_reward"] == pytest.approx(1.0 - 0.5 - 0.5)
+
+
+def test_guess_number_hints(tokenizer):
+    env = GuessNumberEnv(tokenizer, {"max_turns": 3})
+    ep = env._run_complete_episode("s", ScriptedAgent(["5", "8", "7"]), {"target": 7})
+    assert [m["content"] for m in ep["messages"] if m["role"] == "user"][1:] == ["Higher.", "Lower."]
+    assert ep["status"] == "done" and ep["final_reward"] == 1.0

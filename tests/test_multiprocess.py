@@ -1,0 +1,36 @@
+"""`accelerate launch --num_processes 2` gives the same rows, in the same order, as one process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from datasets import load_from_disk
+
+from hf_rollouts.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["--env", "mastermind", "--num-tasks", "6", "--num-rollouts", "2", "--env-config", '{"max_turns": 3}',
+        "--max-new-tokens", "8", "--shard-size", "2", "--batch-size", "2"]
+
+
+def test_two_cpu_processes_equal_one(tmp_path):
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "scripts" / "generate.py")]
+    proc = subprocess.run(
+        launch + ARGS + ["--output", str(tmp_path / "two"), "--cache-dir", str(tmp_path / "c2")],
+        env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("wrote 6 tasks x 2 rollouts") == 1  # only the main process saves and reports
+    assert main(["generate", *ARGS, "--output", str(tmp_path / "one"), "--cache-dir", str(tmp_path / "c1")]) == 0
+    one, two = load_from_disk(str(tmp_path / "one")), load_from_disk(str(tmp_path / "two"))
+    # same tasks, same order, same sampled tokens, masks, rewards and statuses
+    assert one.remove_columns("padded_logprobs").to_list() == two.remove_columns("padded_logprobs").to_list()
+    # log-probabilities agree up to float summation order (each CPU process runs with its own thread count)
+    for a, b in zip(one["padded_logprobs"], two["padded_logprobs"]):
+        np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-4)
+    assert (tmp_path / "two" / "README.md").is_file()
