@@ -1,0 +1,44 @@
+"""Hub push, tested at the network boundary: the Hub clients' upload calls are replaced by recorders."""
+
+from __future__ import annotations
+
+from datasets import Dataset
+from huggingface_hub import DatasetCard
+
+from hf_rollouts.cli import main
+from hf_rollouts.publish import push_rollouts
+
+
+def record_pushes(monkeypatch):
+    calls = []
+
+    def data_push(self, repo_id, **kwargs):
+        calls.append(("data", repo_id, kwargs, len(self), list(self.column_names)))
+
+    def card_push(self, repo_id, **kwargs):
+        calls.append(("card", repo_id, kwargs, str(self)))
+
+    monkeypatch.setattr(Dataset, "push_to_hub", data_push)
+    monkeypatch.setattr(DatasetCard, "push_to_hub", card_push)
+    return calls
+
+
+def test_push_sends_data_then_card(monkeypatch):
+    calls = record_pushes(monkeypatch)
+    ds = Dataset.from_dict({"x": [1, 2]})
+    card = DatasetCard("---\nlicense: apache-2.0\n---\n# body")
+    url = push_rollouts(ds, "me/rollouts", card, private=True, token="t")
+    assert url == "https://huggingface.co/datasets/me/rollouts"
+    assert [c[0] for c in calls] == ["data", "card"]  # the card body must come last, or push_to_hub's README rewrite wins
+    assert calls[0][2]["private"] is True and calls[0][2]["token"] == "t"
+    assert calls[1][2]["repo_type"] == "dataset" and "# body" in calls[1][3]
+
+
+def test_cli_generate_pushes_with_the_card(monkeypatch, tmp_path, capsys):
+    calls = record_pushes(monkeypatch)
+    rc = main(["generate", "--env", "guess_number", "--num-tasks", "2", "--num-rollouts", "2", "--max-new-tokens", "4",
+               "--output", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c"), "--push-to-hub", "me/gn", "--private"])
+    assert rc == 0 and "pushed to https://huggingface.co/datasets/me/gn" in capsys.readouterr().out
+    (data, repo, kwargs, rows, columns), card = calls[0], calls[1]
+    assert (data, repo, rows, kwargs["private"]) == ("data", "me/gn", 2, True) and "padded_full_token_ids" in columns
+    assert card[0] == "card" and 'load_dataset("me/gn"' in card[3] and "GuessNumberEnv" in card[3]
