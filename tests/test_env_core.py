@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from hf_rollouts import MultistepEnv, ScriptedAgent
 from hf_rollouts.envs.mastermind import MastermindEnv
@@ -141,9 +142,12 @@ def test_padding_values(tokenizer):
 
 
 # -- T5 and token-in/token-out with the real model ----------------------------
-def test_sampled_ids_are_stored_verbatim_and_prompts_are_prefixes(tokenizer, hf_agent, recording):
+@pytest.mark.parametrize("backend", ["generate", "continuous"])
+def test_sampled_ids_are_stored_verbatim_and_prompts_are_prefixes(tokenizer, tiny, recording, backend):
+    from hf_rollouts.agents.hf import TransformersAgent
+
     env = MastermindEnv(tokenizer, {"max_turns": 3})
-    agent = recording(hf_agent)
+    agent = recording(TransformersAgent(tiny[0], tokenizer, max_new_tokens=6, backend=backend))
     out = env.run_trial([{"code": [1, 2, 3, 4]}, {"code": [3, 3, 1, 1]}], agent, num_rollouts=2)
     assert sorted(agent.log) == sorted(f"task{t}/rollout{r}" for t in range(2) for r in range(2))
     for i, session in enumerate(f"task{t}/rollout{r}" for t in range(2) for r in range(2)):
@@ -162,6 +166,13 @@ def test_sampled_ids_are_stored_verbatim_and_prompts_are_prefixes(tokenizer, hf_
         assert all(r == 0.0 or mask[p] for p, r in enumerate(out["padded_per_token_rewards"][i]))
         assert all(lp == 0.0 for lp, m in zip(lps, mask) if not m)
         assert all(lp <= 0.0 for lp, m in zip(lps, mask) if m)
+        # each continuation was sampled from its own prefix: a teacher-forced pass reproduces its log-probs
+        n = sum(out["padded_full_attention_mask"][i])
+        with torch.no_grad():
+            logits = tiny[0](torch.tensor([ids[:n]])).logits[0].float()
+        recomputed = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:n]).unsqueeze(-1)).squeeze(-1)
+        for p in sampled_positions:
+            assert recomputed[p - 1].item() == pytest.approx(lps[p], abs=2e-3)
 
 
 def test_text_agent_and_token_agent_mix_in_one_conversation(tokenizer):
@@ -182,3 +193,22 @@ def test_text_agent_and_token_agent_mix_in_one_conversation(tokenizer):
     assert ep["full_token_ids"][second.start : second.end] == ids_turn
     assert all(math.isnan(x) for x in ep["logprobs"][first.start : first.end])  # no logprobs for text turns
     assert ep["logprobs"][second.start : second.end] == [-0.5] * len(ids_turn)
+
+
+def test_agent_fingerprint_follows_the_weights(tiny):
+    import torch
+
+    from hf_rollouts.agents.hf import TransformersAgent
+
+    model, tok = tiny
+    agent = TransformersAgent(model, tok)
+    before = agent.fingerprint()
+    last = list(model.parameters())[-1]
+    with torch.no_grad():
+        last.add_(1e-3)
+    try:
+        assert agent.fingerprint() != before  # an optimizer step anywhere must invalidate cached samples
+        assert TransformersAgent(model, tok, temperature=0.5).fingerprint() != agent.fingerprint()
+    finally:
+        with torch.no_grad():
+            last.sub_(1e-3)
