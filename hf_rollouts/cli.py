@@ -31,7 +31,7 @@ def _json_dict(text: str | None, flag: str) -> dict[str, Any]:
 
 @dataclass
 class TasksArgs:
-    env: str = field(metadata={"help": "Environment short name (twenty_questions, mastermind, guess_number) or class path."})
+    env: str = field(metadata={"help": "Environment short name (twenty_questions, mastermind, guess_number), textarena:GAME-ID, or class path."})
     output: str = field(metadata={"help": "Directory to write the task dataset to (save_to_disk)."})
     split: str = field(default="train", metadata={"help": "train or eval (disjoint task sets).", "choices": ["train", "eval"]})
     num_tasks: int | None = field(default=None, metadata={"help": "Number of tasks (default: all of the split)."})
@@ -47,7 +47,11 @@ class GenerateArgs:
     split: str = field(default="train", metadata={"help": "Split to make with --env.", "choices": ["train", "eval"]})
     env_config: str | None = field(default=None, metadata={"help": "JSON env_config for --env."})
     num_rollouts: int = field(default=4, metadata={"help": "Episodes per task (one GRPO group per task)."})
-    model: str = field(default="tiny", metadata={"help": "'tiny' (embedded, offline), 'tiny-small', or a model id / path."})
+    model: str = field(default="tiny", metadata={"help": "'tiny' (embedded, offline), 'tiny-small', a model id / path, or 'openai:BASE_URL#MODEL' for an OpenAI-compatible endpoint."})
+    tokenizer: str | None = field(default=None, metadata={"help": "With openai: models, the served model's tokenizer id/path (default: MODEL)."})
+    concurrency: int = field(default=16, metadata={"help": "With openai: models, requests in flight at once."})
+    request_timeout: float = field(default=60.0, metadata={"help": "With openai: models, seconds per attempt."})
+    max_retries: int = field(default=3, metadata={"help": "With openai: models, retries on connection errors, timeouts, 5xx and 429."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (0 = greedy)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
     max_new_tokens: int = field(default=48, metadata={"help": "Token budget of one agent turn."})
@@ -90,8 +94,12 @@ def _make_tasks(env: str, split: str, num_tasks: int | None, env_config: str | N
     from .envs import get_env_class
     from .models import build_tokenizer
 
+    config = _json_dict(env_config, "--env-config")
+    if env.startswith("textarena:"):  # textarena:GAME-ID, e.g. textarena:Mastermind-v0
+        config = {"env_id": env.split(":", 1)[1], **config}
+        env = "hf_rollouts.envs.textarena.TextArenaEnv"
     cls = get_env_class(env)
-    instance = cls(build_tokenizer(), _json_dict(env_config, "--env-config"))
+    instance = cls(build_tokenizer(), config)
     return instance.get_eval_dataset(num_tasks) if split == "eval" else instance.get_train_dataset(num_tasks)
 
 
@@ -118,7 +126,10 @@ def cmd_generate(argv: list[str]) -> int:
 
     tasks = _make_tasks(args.env, args.split, args.num_tasks, args.env_config) if args.env else load_tasks(args.tasks)
     sampling = SamplingConfig(args.temperature, args.top_p, args.max_new_tokens, args.seed, args.backend)
-    agent = load_agent(args.model, sampling, trust_remote_code=args.trust_remote_code) if args.model not in ("tiny", "tiny-small") else load_agent(args.model, sampling)
+    agent = load_agent(
+        args.model, sampling, tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code,
+        endpoint={"concurrency": args.concurrency, "timeout": args.request_timeout, "max_retries": args.max_retries},
+    )
     ds = generate_rollouts(
         tasks,
         agent,
@@ -134,7 +145,7 @@ def cmd_generate(argv: list[str]) -> int:
     state = PartialState()
     if not state.is_main_process:
         return 0
-    info = {**agent.describe(), "tokenizer": agent.tokenizer.name_or_path or agent.name}
+    info = {**agent.describe(), "tokenizer": agent.tokenizer.name_or_path or args.model}
     card = render_card(
         ds, agent_info=info, seed=args.seed, pad_token_id=agent.tokenizer.pad_token_id,
         load_path=args.push_to_hub or str(Path(args.output).resolve()),

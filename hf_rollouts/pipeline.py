@@ -52,6 +52,7 @@ ROLLOUT_FEATURES = Features(
         "padded_full_token_ids": List(List(Value("int32"))),
         "padded_full_attention_mask": List(List(Value("int8"))),
         "padded_agent_token_mask": List(List(Value("int8"))),
+        "padded_sampled_token_mask": List(List(Value("int8"))),
         "padded_per_token_rewards": List(List(Value("float32"))),
         "padded_logprobs": List(List(Value("float32"))),
         "final_rewards": List(Value("float32")),

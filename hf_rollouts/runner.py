@@ -88,7 +88,10 @@ class LockstepBatcher:
             if len(results) != len(batch):
                 raise RuntimeError(f"{type(self.agent).__name__}.act_batch returned {len(results)} answers for {len(batch)} requests.")
             for s, r in zip(batch, results):
-                s.result = r
+                if isinstance(r, BaseException):
+                    s.error = r  # only this request failed
+                else:
+                    s.result = r
         except BaseException as exc:  # every episode of the batch records the failure
             for s in batch:
                 s.error = exc

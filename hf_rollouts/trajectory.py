@@ -39,14 +39,16 @@ class EpisodeRecorder:
         self.mask: list[int] = []
         self.rewards: list[float] = []
         self.logprobs: list[float] = []
+        self.sampled: list[int] = []
         self.any_logprobs = False
         self.messages: list[Message] = []
         self.turns: list[Turn] = []
         self._last_agent_ids: list[int] = []
 
-    def _append(self, ids: Sequence[int], agent: bool, logprobs: Sequence[float] | None = None) -> None:
+    def _append(self, ids: Sequence[int], agent: bool, logprobs: Sequence[float] | None = None, sampled: bool = False) -> None:
         self.ids.extend(ids)
         self.mask.extend([int(agent)] * len(ids))
+        self.sampled.extend([int(sampled)] * len(ids))
         self.rewards.extend([0.0] * len(ids))
         if logprobs is not None:
             self.logprobs.extend(logprobs)
@@ -80,7 +82,7 @@ class EpisodeRecorder:
             ids = list(action.token_ids)
             if action.logprobs is not None:
                 self.any_logprobs = True
-            self._append(ids, agent=True, logprobs=action.logprobs)
+            self._append(ids, agent=True, logprobs=action.logprobs, sampled=True)
         else:
             ids = self.chat.encode(action.text)
             self._append(ids, agent=True)
@@ -117,6 +119,7 @@ class EpisodeRecorder:
         episode = Episode(
             full_token_ids=self.ids,
             agent_token_mask=self.mask,
+            sampled_token_mask=self.sampled,
             per_token_rewards=self.rewards,
             logprobs=self.logprobs if self.any_logprobs else None,
             final_reward=float(final_reward),
@@ -135,6 +138,7 @@ PADDED_SEQUENCE_KEYS = {
     "padded_full_token_ids": ("full_token_ids", "pad_token"),
     "padded_full_attention_mask": ("full_attention_mask", 0),
     "padded_agent_token_mask": ("agent_token_mask", 0),
+    "padded_sampled_token_mask": ("sampled_token_mask", 0),
     "padded_per_token_rewards": ("per_token_rewards", 0.0),
     "padded_logprobs": ("logprobs", 0.0),
 }

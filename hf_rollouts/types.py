@@ -98,6 +98,9 @@ class Episode:
 
     Invariants (checked by :meth:`check`):
       * all per-token lists have the same length;
+      * ``sampled_token_mask`` (1 = the agent reported this exact id as sampled;
+        0 = re-tokenized text of a text-only turn, or not an agent token) is 1
+        only where ``agent_token_mask`` is 1;
       * ``per_token_rewards`` is non-zero only where ``agent_token_mask`` is 1;
       * ``logprobs`` (when not ``None``) is 0.0 wherever the mask is 0;
       * ``status == "error"`` iff ``error`` is set, and then ``final_reward`` is NaN.
@@ -105,6 +108,7 @@ class Episode:
 
     full_token_ids: list[int]
     agent_token_mask: list[int]
+    sampled_token_mask: list[int]
     per_token_rewards: list[float]
     logprobs: list[float] | None
     final_reward: float
@@ -121,7 +125,8 @@ class Episode:
     def check(self) -> None:
         """Raise ``AssertionError`` if a token-level invariant is broken."""
         n = len(self.full_token_ids)
-        assert len(self.agent_token_mask) == n and len(self.per_token_rewards) == n
+        assert len(self.agent_token_mask) == n and len(self.per_token_rewards) == n and len(self.sampled_token_mask) == n
+        assert all(m or not s for m, s in zip(self.agent_token_mask, self.sampled_token_mask)), "sampled mark on a non-agent token"
         assert self.logprobs is None or len(self.logprobs) == n
         for m, r in zip(self.agent_token_mask, self.per_token_rewards):
             assert m == 1 or r == 0.0, "reward on a non-agent token"
@@ -134,6 +139,7 @@ class Episode:
             "full_token_ids": self.full_token_ids,
             "full_attention_mask": self.full_attention_mask,
             "agent_token_mask": self.agent_token_mask,
+            "sampled_token_mask": self.sampled_token_mask,
             "per_token_rewards": self.per_token_rewards,
             "final_reward": self.final_reward,
             "logprobs": self.logprobs,

@@ -55,12 +55,13 @@ class RecordingAgent(Agent):
     def act_batch(self, requests: list[AgentRequest]):
         self.batch_sizes.append(len(requests))
         results = self.inner.act_batch(requests)
-        for req, (action, _) in zip(requests, results):
-            self.log.setdefault(req.session_id, []).append((list(req.prompt_token_ids), action))
+        for req, result in zip(requests, results):
+            if not isinstance(result, BaseException):  # a failed request is passed through as is
+                self.log.setdefault(req.session_id, []).append((list(req.prompt_token_ids), result[0]))
         return results
 
     def act(self, request):
-        return self.act_batch([request])[0]
+        return self._single(request)
 
     def set_seed(self, seed):
         self.inner.set_seed(seed)

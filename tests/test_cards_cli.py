@@ -68,3 +68,24 @@ def test_cli_generate_from_env_and_errors(tmp_path, capsys):
         main(["generate", "--env", "guess_number", "--num-tasks", "2", "--num-rollouts", "1", "--max-new-tokens", "4",
               "--output", str(tmp_path / "g"), "--cache-dir", str(tmp_path / "c")]) or main(["inspect", str(tmp_path / "g"), "--row", "5"])
     assert main([]) == 2 and "usage: hf-rollouts" in capsys.readouterr().out
+
+
+def test_cli_textarena_tasks(tmp_path):
+    pytest.importorskip("textarena")
+    assert main(["tasks", "--env", "textarena:GuessTheNumber-v0", "--num-tasks", "2", "--output", str(tmp_path / "t")]) == 0
+    rows = load_from_disk(str(tmp_path / "t")).to_list()
+    assert [r["env_config"]["env_id"] for r in rows] == ["GuessTheNumber-v0"] * 2
+    assert rows[0]["env_class_path"].endswith("TextArenaEnv") and isinstance(rows[0]["task_data"]["seed"], int)
+
+
+def test_cli_openai_spec_builds_the_endpoint_agent(tiny, tmp_path):
+    from hf_rollouts.agents.hf import SamplingConfig
+    from hf_rollouts.agents.loading import load_agent
+    from hf_rollouts.models import tiny_model_path
+
+    agent = load_agent("openai:http://127.0.0.1:9/v1#tiny", SamplingConfig(temperature=0.3, max_new_tokens=7),
+                       tokenizer=str(tiny_model_path()), endpoint={"concurrency": 3, "max_retries": 0})
+    info = agent.describe()
+    assert info["base_url"] == "http://127.0.0.1:9/v1" and info["model"] == "tiny"
+    assert agent.settings.concurrency == 3 and agent.settings.max_tokens == 7 and agent.settings.temperature == 0.3
+    assert agent.tokenizer.pad_token_id is not None

@@ -65,3 +65,13 @@ def test_tokenization_work_is_linear_in_episode_length(tokenizer, monkeypatch):
     # after the first prompt, every encode is one message-sized delta: no call grows with the history
     assert max(rest) < 120 and len(rest) <= 2 * 12  # 12 agent texts, 11 deltas, one cached closing
     assert sum(rest) < 12 * 120
+
+
+def test_one_failed_request_fails_only_its_own_episode(tokenizer, recording):
+    env = MastermindEnv(tokenizer, {"max_turns": 2})
+    agent = ScriptedAgent(["1 1 1 1"], fail_at={1})
+    watch = recording(agent)
+    out = env.run_trial(TASKS, watch, num_rollouts=2)
+    assert watch.batch_sizes[0] == 6  # the failure happened inside a shared batch
+    assert out["statuses"].count("error") == 1 and out["statuses"][1] == "error"
+    assert all(s == "truncated" for i, s in enumerate(out["statuses"]) if i != 1)

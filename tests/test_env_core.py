@@ -212,3 +212,21 @@ def test_agent_fingerprint_follows_the_weights(tiny):
     finally:
         with torch.no_grad():
             last.sub_(1e-3)
+
+
+def test_sampled_mask_tells_reported_ids_from_retokenized_text(tokenizer):
+    from hf_rollouts.agents.base import Agent
+
+    ids_turn = tokenizer("6 6 6 6", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+    class Mixed(Agent):
+        def get_action(self, messages, agent_state=None):
+            if not agent_state:
+                return "1 2 3 4", 1  # text only: re-tokenized by the env
+            return Action(text="6 6 6 6", token_ids=ids_turn), 2
+
+    ep = MastermindEnv(tokenizer, {})._run_complete_episode("m", Mixed(), {"code": [6, 6, 6, 6]})
+    first, second = ep["turns"]
+    assert ep["sampled_token_mask"][first.start : first.end] == [0] * (first.end - first.start)
+    assert ep["sampled_token_mask"][second.start : second.end] == [1] * len(ids_turn)
+    assert sum(ep["sampled_token_mask"]) == len(ids_turn)  # nothing outside agent turns

@@ -2,6 +2,7 @@
 
 from .base import Agent
 from .hf import SamplingConfig, TransformersAgent
+from .openai import OpenAIChatAgent, OpenAIRequestError, OpenAISettings
 from .scripted import ScriptedAgent
 
-__all__ = ["Agent", "SamplingConfig", "ScriptedAgent", "TransformersAgent"]
+__all__ = ["Agent", "OpenAIChatAgent", "OpenAIRequestError", "OpenAISettings", "SamplingConfig", "ScriptedAgent", "TransformersAgent"]

@@ -31,9 +31,27 @@ class Agent(ABC):
         action, state = self.get_action(request.messages, request.agent_state)
         return (action if isinstance(action, Action) else Action(text=str(action))), state
 
-    def act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any]]:
-        """Answer many requests, in order. Default: one :meth:`act` call each."""
-        return [self.act(r) for r in requests]
+    def act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any] | Exception]:
+        """Answer many requests, in order. Default: one :meth:`act` call each.
+
+        An entry may be an ``Exception`` instead of ``(action, state)``: that request
+        failed, and only its episode is recorded as ``error``. Raising fails every
+        request of the batch (right when the batch itself failed, e.g. out of memory).
+        """
+        out: list[tuple[Action, Any] | Exception] = []
+        for r in requests:
+            try:
+                out.append(self.act(r))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def _single(self, request: AgentRequest) -> tuple[Action, Any]:
+        """:meth:`act` for batch-native agents: one-request ``act_batch``, failures re-raised."""
+        (result,) = self.act_batch([request])
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def set_seed(self, seed: int) -> None:
         """Reset the agent's sampling randomness. Default: nothing to reset."""

@@ -100,10 +100,10 @@ class TransformersAgent(Agent):
 
     def get_action(self, messages: list[Message], agent_state: Any = None) -> tuple[Action, Any]:
         request = AgentRequest(messages=messages, prompt_token_ids=self.chat.initial_ids(messages), agent_state=agent_state)
-        return self.act_batch([request])[0]
+        return self._single(request)
 
     def act(self, request: AgentRequest) -> tuple[Action, Any]:
-        return self.act_batch([request])[0]
+        return self._single(request)
 
     def act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any]]:
         if not requests:

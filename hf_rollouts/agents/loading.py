@@ -2,6 +2,8 @@
 
 * ``tiny`` / ``tiny-small`` — the embedded model (:func:`hf_rollouts.models.build_tiny_model`),
   built offline; ``tiny`` for tests and demos, ``tiny-small`` (4 layers, 256 wide) for benchmarks.
+* ``openai:BASE_URL#MODEL`` — an OpenAI-compatible endpoint (:class:`~.openai.OpenAIChatAgent`);
+  ``tokenizer`` names the served model's tokenizer (default: ``MODEL``), which the env uses.
 * anything else — a hub id or local path, loaded with ``from_pretrained``.
 """
 
@@ -9,17 +11,42 @@ from __future__ import annotations
 
 from typing import Any
 
+from .base import Agent
 from .hf import SamplingConfig, TransformersAgent
 
 TINY_SPECS = {"tiny": "tiny", "tiny-small": "small"}
 
 
-def load_agent(spec: str, sampling: SamplingConfig | None = None, *, model_seed: int = 0, **kwargs: Any) -> TransformersAgent:
-    """Return a :class:`TransformersAgent` for ``spec`` (see module docstring)."""
+def load_agent(
+    spec: str,
+    sampling: SamplingConfig | None = None,
+    *,
+    model_seed: int = 0,
+    tokenizer: str | None = None,
+    trust_remote_code: bool = False,
+    endpoint: dict[str, Any] | None = None,
+) -> Agent:
+    """Return the agent for ``spec`` (see module docstring).
+
+    ``endpoint`` holds extra :class:`~.openai.OpenAISettings` fields (concurrency,
+    timeout, max_retries, ...) for ``openai:`` specs.
+    """
     sampling = sampling or SamplingConfig()
     if spec in TINY_SPECS:
         from ..models import build_tiny_model
 
-        model, tokenizer = build_tiny_model(seed=model_seed, size=TINY_SPECS[spec])
-        return TransformersAgent(model, tokenizer, sampling, name=model.config._name_or_path, **kwargs)
-    return TransformersAgent.from_pretrained(spec, sampling=sampling, **kwargs)
+        model, tok = build_tiny_model(seed=model_seed, size=TINY_SPECS[spec])
+        return TransformersAgent(model, tok, sampling, name=model.config._name_or_path)
+    if spec.startswith("openai:"):
+        from transformers import AutoTokenizer
+
+        from .openai import OpenAIChatAgent, parse_openai_spec
+
+        tok = AutoTokenizer.from_pretrained(tokenizer or parse_openai_spec(spec)[1], trust_remote_code=trust_remote_code)
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+        return OpenAIChatAgent.from_spec(
+            spec, tokenizer=tok, temperature=sampling.temperature, top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens, seed=sampling.seed, **(endpoint or {}),
+        )
+    return TransformersAgent.from_pretrained(spec, sampling=sampling, trust_remote_code=trust_remote_code)

@@ -8,7 +8,9 @@
 * ``question_reward`` (0.0): step reward of every other turn (e.g. -0.01 to
   favour short games).
 * ``wrong_guess_reward`` (0.0): step reward of a wrong guess.
-* ``gamemaster`` ("knowledge_base"): who answers questions. Any object with
+* ``gamemaster`` ("knowledge_base" | "agent"): who answers questions; "agent" asks
+  the model named by ``gamemaster_model`` ("openai:URL#MODEL", "tiny", a hub id or
+  path) with a strict Yes/No/I don't know format (see ``llm_gamemaster``). Any object with
   ``answer(question, solution) -> "Yes" | "No" | "I don't know"`` can be
   passed to the constructor instead (see :class:`~.knowledge.Gamemaster`).
 * ``seed``: task generation.
@@ -28,7 +30,7 @@ from transformers import PreTrainedTokenizerBase
 from ..base import MultistepEnv
 from .knowledge import Gamemaster, KnowledgeBase, KnowledgeBaseGamemaster
 
-GAMEMASTERS = ("knowledge_base",)
+GAMEMASTERS = ("knowledge_base", "agent")
 
 
 @dataclass
@@ -63,7 +65,12 @@ class TwentyQuestionsEnv(MultistepEnv):
                     f"env_config['gamemaster'] must be one of {GAMEMASTERS}, got {kind!r}; "
                     "pass an object with answer(question, solution) as `gamemaster=` for others."
                 )
-            gamemaster = KnowledgeBaseGamemaster(self.kb)
+            if kind == "agent":  # an LLM answers: env_config["gamemaster_model"] names it
+                from .llm_gamemaster import gamemaster_from_config
+
+                gamemaster = gamemaster_from_config(self.env_config)
+            else:
+                gamemaster = KnowledgeBaseGamemaster(self.kb)
         self.gamemaster = gamemaster
 
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:

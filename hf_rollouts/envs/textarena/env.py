@@ -1,0 +1,433 @@
+"""Any single-player `TextArena <https://github.com/LeonGuertler/TextArena>`_ game as an environment.
+
+``env_config``:
+
+* ``env_id`` (required): a TextArena game id, e.g. ``"Mastermind-v0"``,
+  ``"GuessTheNumber-v0"``, ``"TowerOfHanoi-v0"``, ``"FrozenLake-v0"``.
+* any other key that is not one of :data:`RESERVED_KEYS` is passed to
+  ``textarena.make(env_id, **kwargs)``; ``make_kwargs`` (a dict) passes keys
+  whose names collide with ours (``{"make_kwargs": {"max_turns": 8}}`` sets the
+  *game's* turn limit, ``max_turns`` sets the episode's).
+* ``max_turns``: agent turns before the episode is truncated. Default: enough
+  for the game to end by itself, ``(error_allowance + 1) * game max_turns``
+  (TextArena lets a player retry an invalid move without spending a turn), or
+  100 when the game has no turn limit.
+* ``num_train_tasks`` (1000) / ``num_eval_tasks`` (100): split sizes when
+  ``num_tasks`` is not given.
+* ``disjoint_games`` (False): seeds are always disjoint between train and eval,
+  but a small game (20 numbers to guess) repeats its games across seeds. With
+  ``True`` each split keeps only distinct games and train drops every game of
+  the eval pool (the first ``num_eval_tasks`` distinct eval games); the game is
+  identified by TextArena's ``state.game_state``.
+* ``empty_observation``: message sent when a move produced no new game message.
+* the common keys of :class:`~hf_rollouts.envs.base.MultistepEnv`
+  (``max_episode_tokens``, ``reward_placement``, ``system_prompt``, ``seed``).
+
+``task_data``: ``{"seed": int}`` — the seed of ``env.reset``; the same seed
+gives the same game.
+
+Mapping of TextArena's contract (``reset`` / ``get_observation`` / ``step`` /
+``close``):
+
+* one TextArena env per episode, made with ``textarena.make`` (so the
+  registry's *action* wrappers, e.g. bracket formatting, apply) and kept in the
+  episode state, never on ``self``;
+* the agent's message at each turn is the game's *new* observations since its
+  last move, read raw from the innermost env (the LLM observation wrappers,
+  which replay the whole history every turn, are bypassed: the chat already
+  holds the history). The echo of the player's own move is left out;
+* ``done`` is TextArena's ``done``; the step reward is 0 until the game ends,
+  then the player's reward from ``close()`` (TextArena 0.7 returns
+  ``(rewards, game_info)``, older versions the rewards alone). The game's
+  ``reason`` is in the last turn's ``info``.
+
+Randomness: TextArena games draw from the *global* ``random`` (and some from
+``numpy.random``). Every ``make`` / ``reset`` / ``step`` runs under one
+process-wide lock with the global generators swapped for the episode's own
+state (seeded from ``task_data["seed"]`` at reset, saved after each call), and
+the caller's state restored afterwards. So episodes running concurrently in
+threads stay reproducible and do not disturb each other; other code drawing
+from the global ``random`` in another thread at the same moment is not
+protected.
+
+Games that cannot run offline fail at construction with
+:class:`TextArenaGameUnavailable`: games that call a hosted LLM (TwentyQuestions,
+GuessWho, Debate, ...), games whose NLTK data is not installed (Wordle, Hangman,
+... — TextArena would try to download it when the module is imported),
+multi-player games and games whose reset fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from transformers import PreTrainedTokenizerBase
+
+from ..base import MultistepEnv
+
+INSTALL_HINT = 'pip install "hf_rollouts[textarena]"'
+
+RESERVED_KEYS = frozenset(
+    {
+        "env_id",
+        "make_kwargs",
+        "max_turns",
+        "max_episode_tokens",
+        "reward_placement",
+        "system_prompt",
+        "seed",
+        "num_train_tasks",
+        "num_eval_tasks",
+        "disjoint_games",
+        "empty_observation",
+    }
+)
+"""``env_config`` keys read by :class:`TextArenaEnv` itself; all others go to ``textarena.make``."""
+
+DEFAULT_EMPTY_OBSERVATION = "(No new message from the game. Make your next move.)"
+
+# Markers, in a game module's source, of a game that calls a hosted model during play.
+_HOSTED_MODEL_MARKERS = re.compile(r"OpenRouter\w*|\bta\.agents\.\w+|\btextarena\.agents\b|\bJury\b|make_online")
+_NLTK_DOWNLOAD = re.compile(r"nltk\.download\(([^)]*)\)")
+_NLTK_CATEGORIES = ("corpora", "taggers", "tokenizers", "chunkers", "models", "misc", "stemmers", "grammars", "sentiment")
+
+_GLOBAL_RANDOM_LOCK = threading.RLock()
+"""Serialises every use of the process-wide ``random`` / ``numpy.random`` state by TextArena games."""
+
+
+class TextArenaGameUnavailable(RuntimeError):
+    """A TextArena game that cannot be played here (hosted model, missing data, not single-player, ...)."""
+
+
+def import_textarena() -> Any:
+    """Import the optional ``textarena`` package, or raise ``ImportError`` saying how to install it."""
+    try:
+        import textarena
+    except ImportError as exc:
+        raise ImportError(f"TextArenaEnv needs the optional dependency 'textarena' ({exc}). Install it with: {INSTALL_HINT}") from exc
+    return textarena
+
+
+def _numpy_random() -> Any:
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy comes with datasets
+        return None
+    return numpy.random
+
+
+@contextmanager
+def _swapped_global_random(holder: Any, seed: int | None = None) -> Iterator[None]:
+    """Run the body with the global RNGs set to ``holder``'s state (or seeded with ``seed``), under the lock.
+
+    On exit the new RNG states are saved back into ``holder.random_state`` /
+    ``holder.numpy_random_state`` and the caller's global states are restored.
+    """
+    np_random = _numpy_random()
+    with _GLOBAL_RANDOM_LOCK:
+        saved = random.getstate()
+        np_saved = np_random.get_state() if np_random is not None else None
+        try:
+            if seed is not None:
+                random.seed(seed)
+                if np_random is not None:
+                    np_random.seed(seed % 2**32)
+            else:
+                random.setstate(holder.random_state)
+                if np_random is not None and holder.numpy_random_state is not None:
+                    np_random.set_state(holder.numpy_random_state)
+            yield
+        finally:
+            holder.random_state = random.getstate()
+            holder.numpy_random_state = np_random.get_state() if np_random is not None else None
+            random.setstate(saved)
+            if np_random is not None:
+                np_random.set_state(np_saved)
+
+
+def _innermost(env: Any, ta: Any) -> Any:
+    while isinstance(env, ta.Wrapper):
+        env = env.env
+    return env
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (set, frozenset)):
+        return sorted(map(repr, value))
+    return repr(value)
+
+
+@dataclass
+class TextArenaEpisode:
+    """Per-episode state: the game, its RNG state and the next message for the agent."""
+
+    seed: int
+    game: Any = None  # the env textarena.make returned (actions go through its wrappers)
+    core: Any = None  # the innermost env (observations are read raw from it)
+    player_id: int = 0
+    random_state: Any = None
+    numpy_random_state: Any = None
+    message: str = ""
+    done: bool = False
+    rewards: dict | None = None
+    game_info: dict | None = None
+
+
+class TextArenaEnv(MultistepEnv):
+    name = "textarena"
+    default_max_turns = 100
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
+        super().__init__(tokenizer, env_config)
+        self.ta = import_textarena()
+        env_id = self.env_config.get("env_id")
+        if not isinstance(env_id, str) or not env_id:
+            raise ValueError('TextArenaEnv needs env_config["env_id"], a TextArena game id such as "Mastermind-v0".')
+        self.env_id = env_id
+        extra = self.env_config.get("make_kwargs") or {}
+        if not isinstance(extra, dict):
+            raise TypeError(f"env_config['make_kwargs'] must be a dict, got {type(extra).__name__}.")
+        self.make_kwargs = {k: v for k, v in self.env_config.items() if k not in RESERVED_KEYS}
+        self.make_kwargs.update(extra)
+        self.num_train_tasks = int(self.env_config.get("num_train_tasks", 1000))
+        self.num_eval_tasks = int(self.env_config.get("num_eval_tasks", 100))
+        self.disjoint_games = bool(self.env_config.get("disjoint_games", False))
+        self.empty_observation = str(self.env_config.get("empty_observation", DEFAULT_EMPTY_OBSERVATION))
+
+        from textarena.envs.registration import ENV_REGISTRY
+
+        spec = ENV_REGISTRY.get(env_id)
+        if spec is None:
+            close = sorted(k for k in ENV_REGISTRY if k.split("-")[0].lower() == env_id.split("-")[0].lower())
+            hint = f" Ids of that game: {close}." if close else ""
+            raise ValueError(f"{env_id!r} is not a registered TextArena game.{hint}")
+        problem = _static_problem(env_id, spec.entry_point, self.ta)
+        if problem:
+            raise TextArenaGameUnavailable(f"TextArena game {env_id!r} cannot run here: {problem}.")
+        game_turns, allowance = self._probe()
+        if "max_turns" not in self.env_config:
+            self.max_turns = (allowance + 1) * game_turns if game_turns else self.default_max_turns
+
+    # -- construction checks ----------------------------------------------------
+    def _probe(self) -> tuple[int | None, int]:
+        """Make and reset one game; return its turn limit and invalid-move allowance."""
+        probe = TextArenaEpisode(seed=0)
+        try:
+            self._new_game(probe)
+        except TextArenaGameUnavailable:
+            raise
+        except Exception as exc:
+            hint = " (it is not a single-player game)" if "player" in str(exc).lower() else ""
+            raise TextArenaGameUnavailable(
+                f"TextArena game {self.env_id!r} cannot run here{hint}: making and resetting it failed with "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        state = probe.core.state
+        turns = getattr(state, "max_turns", None) or getattr(probe.core, "max_turns", None)
+        allowance = getattr(state, "error_allowance", 1) or 0
+        return (int(turns) if turns else None), int(allowance)
+
+    # -- one game ---------------------------------------------------------------
+    def _new_game(self, episode: TextArenaEpisode) -> None:
+        """Make, reset and read the first observation of ``episode``'s game (deterministic in its seed)."""
+        ta = self.ta
+        with _swapped_global_random(episode, seed=episode.seed):
+            game = ta.make(self.env_id, **self.make_kwargs)
+            core = _innermost(game, ta)
+            game.reset(num_players=1, seed=episode.seed)
+            if not isinstance(getattr(core, "state", None), ta.SinglePlayerState):
+                raise TextArenaGameUnavailable(
+                    f"TextArena game {self.env_id!r} is not a single-player game "
+                    f"(its state is {type(getattr(core, 'state', None)).__name__}); TextArenaEnv plays single-player games only"
+                )
+            player_id, observations = core.get_observation()
+        episode.game, episode.core, episode.player_id = game, core, int(player_id)
+        episode.message = self._render(observations, episode.player_id)
+
+    def _render(self, observations: Any, player_id: int) -> str:
+        """The game's new messages as one text, without the echo of the player's own move."""
+        if isinstance(observations, str):
+            return observations.strip() or self.empty_observation
+        action_type = getattr(getattr(self.ta, "ObservationType", None), "PLAYER_ACTION", None)
+        parts = []
+        for item in observations or []:
+            from_id, message = item[0], item[1]
+            obs_type = item[2] if len(item) > 2 else None
+            # single-player: every PLAYER_ACTION is the echo of the agent's own move (some games send it
+            # from GAME_ID), already in the chat as the assistant message
+            if (obs_type is not None and obs_type == action_type) or (obs_type is None and from_id == player_id):
+                continue
+            text = str(message).strip("\n")
+            if text.strip():
+                parts.append(text)
+        return "\n".join(parts) or self.empty_observation
+
+    @staticmethod
+    def _close(game: Any) -> tuple[dict | None, dict | None]:
+        result = game.close()
+        if isinstance(result, tuple) and len(result) == 2 and (result[0] is None or isinstance(result[0], dict)):
+            return result[0], result[1] if isinstance(result[1], dict) else None
+        if isinstance(result, dict) or result is None:
+            return result, None
+        raise TypeError(f"TextArena close() returned {type(result).__name__}; expected rewards or (rewards, game_info).")
+
+    # -- hooks ------------------------------------------------------------------
+    def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> TextArenaEpisode:
+        if "seed" not in task_data:
+            raise ValueError(f"task_data for TextArenaEnv needs a 'seed' (int), got keys {sorted(task_data)}.")
+        episode = TextArenaEpisode(seed=int(task_data["seed"]))
+        self._new_game(episode)
+        return episode
+
+    def _format_prompt(self, state: TextArenaEpisode, step: int) -> str:
+        return state.message
+
+    def _step_episode(self, session_id: str, state: TextArenaEpisode, action: str) -> tuple[TextArenaEpisode, float, bool, dict[str, Any]]:
+        if state.done:
+            raise RuntimeError(f"TextArena game {self.env_id!r} (seed {state.seed}) is already over.")
+        with _swapped_global_random(state):
+            done, step_info = state.game.step(action)
+            if done:
+                rewards, game_info = self._close(state.game)
+            else:
+                _, observations = state.core.get_observation()
+        info = {k: v for k, v in (step_info or {}).items() if isinstance(v, (str, int, float, bool, type(None)))}
+        if not done:
+            state.message = self._render(observations, state.player_id)
+            return state, 0.0, False, info
+        state.done, state.rewards, state.game_info = True, rewards, game_info
+        player_info = (game_info or {}).get(state.player_id, {}) if isinstance(game_info, dict) else {}
+        reward = 0.0
+        if rewards:
+            reward = float(rewards.get(state.player_id, next(iter(rewards.values()))))
+        info.update(
+            game_reward=reward,
+            reason=str(player_info.get("reason")) if player_info.get("reason") is not None else None,
+            invalid_move=bool(player_info.get("invalid_move", False)),
+        )
+        return state, reward, True, info
+
+    # -- tasks ------------------------------------------------------------------
+    def _seeds(self, split: str) -> Iterator[int]:
+        """Endless, distinct, reproducible seeds: even for train, odd for eval (so always disjoint)."""
+        rng = self._rng("seeds", self.env_id, split)
+        parity = 1 if split == "eval" else 0
+        seen: set[int] = set()
+        while True:
+            seed = 2 * rng.randrange(2**30) + parity
+            if seed not in seen:
+                seen.add(seed)
+                yield seed
+
+    def _game_key(self, seed: int) -> str:
+        episode = TextArenaEpisode(seed=seed)
+        self._new_game(episode)
+        return json.dumps(getattr(episode.core.state, "game_state", None), sort_keys=True, default=_jsonable)
+
+    def _distinct(self, split: str, n: int, exclude: set[str]) -> list[tuple[int, str]]:
+        out: list[tuple[int, str]] = []
+        keys = set(exclude)
+        budget = 20 * n + 200
+        for tries, seed in enumerate(self._seeds(split)):
+            if len(out) >= n:
+                break
+            if tries >= budget:
+                raise ValueError(
+                    f"TextArena game {self.env_id!r}: found only {len(out)} distinct {split} games (wanted {n}) in {budget} seeds "
+                    "with disjoint_games=True; the game has few distinct games — lower num_tasks / num_eval_tasks."
+                )
+            key = self._game_key(seed)
+            if key not in keys:
+                keys.add(key)
+                out.append((seed, key))
+        return out
+
+    def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}.")
+        n = num_tasks if num_tasks is not None else (self.num_eval_tasks if split == "eval" else self.num_train_tasks)
+        if not self.disjoint_games:
+            seeds = self._seeds(split)
+            return [{"seed": next(seeds)} for _ in range(n)]
+        if split == "eval":
+            if n > self.num_eval_tasks:
+                raise ValueError(f"disjoint_games=True keeps a fixed eval pool of num_eval_tasks={self.num_eval_tasks}; asked for {n}.")
+            return [{"seed": s} for s, _ in self._distinct("eval", self.num_eval_tasks, set())[:n]]
+        eval_keys = {k for _, k in self._distinct("eval", self.num_eval_tasks, set())}
+        return [{"seed": s} for s, _ in self._distinct("train", n, eval_keys)]
+
+
+# -- static checks of a game's module (no import, so no download is attempted) ----------
+
+
+def _module_source(entry_point: Any, ta: Any) -> str | None:
+    if isinstance(entry_point, str):
+        module = entry_point.split(":")[0]
+    else:
+        module = getattr(entry_point, "__module__", "")
+    if not module.startswith("textarena."):
+        return None
+    path = Path(ta.__file__).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+def _nltk_resources(source: str) -> list[str]:
+    names: list[str] = []
+    for args in _NLTK_DOWNLOAD.findall(source):
+        names += re.findall(r"['\"]([\w\-]+)['\"]", args)
+    if re.search(r"corpus import[^\n]*\bwords\b|words\.words\(", source):
+        names.append("words")
+    if "pos_tag" in source:
+        names.append("averaged_perceptron_tagger_eng")
+    return sorted(set(names))
+
+
+def _nltk_missing(names: list[str]) -> list[str]:
+    try:
+        import nltk
+    except ImportError:
+        return names
+    missing = []
+    for name in names:
+        for category in _NLTK_CATEGORIES:
+            try:
+                nltk.data.find(f"{category}/{name}")
+                break
+            except LookupError:
+                continue
+        else:
+            missing.append(name)
+    return missing
+
+
+def _static_problem(env_id: str, entry_point: Any, ta: Any) -> str | None:
+    """Why the game cannot run offline, read from its module's source; ``None`` if nothing is known."""
+    source = _module_source(entry_point, ta)
+    if source is None:
+        return None
+    hosted = _HOSTED_MODEL_MARKERS.search(source)
+    if hosted:
+        return (
+            f"it calls a hosted LLM during play ({hosted.group(0)}: OpenRouter over the network, with an API key), "
+            "which TextArenaEnv does not allow: rewards would depend on a remote model"
+            + (" — use hf_rollouts' own offline env 'twenty_questions' instead" if "TwentyQuestions" in env_id else "")
+        )
+    if "nltk" in source:
+        missing = _nltk_missing(_nltk_resources(source))
+        if missing:
+            return (
+                f"it needs the NLTK data {missing}, which is not installed, and TextArena would try to download it "
+                f"from the internet when the game is imported; install it first where the network allows "
+                f"(python -m nltk.downloader {' '.join(missing)}) and point NLTK_DATA at it"
+            )
+    return None
