@@ -115,11 +115,10 @@ def cmd_generate(argv: list[str]) -> int:
     (args,) = HfArgumentParser([GenerateArgs], prog="hf-rollouts generate").parse_args_into_dataclasses(argv)
     if (args.env is None) == (args.tasks is None):
         raise SystemExit("error: give exactly one of --env NAME or --tasks DIR_OR_HUB_ID.")
-    from accelerate import PartialState
-
     from .agents.hf import SamplingConfig
     from .agents.loading import load_agent
     from .cards import render_card
+    from .distributed import process_state
     from .pipeline import generate_rollouts
     from .publish import push_rollouts, save_rollouts
     from .stats import compute_stats
@@ -142,7 +141,7 @@ def cmd_generate(argv: list[str]) -> int:
         on_error=args.on_error,
         cache_dir=args.cache_dir,
     )
-    state = PartialState()
+    state = process_state()
     if not state.is_main_process:
         return 0
     info = {**agent.describe(), "tokenizer": agent.tokenizer.name_or_path or args.model}

@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import datasets
-from accelerate import PartialState
 from datasets import Dataset, Features, List, Value, concatenate_datasets
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from . import __version__
 from .agents.base import Agent
+from .distributed import process_state
 from .envs.base import MultistepEnv
 from .runner import run_episodes
 from .schema import TASK_COLUMNS, validate_tasks
@@ -242,7 +242,7 @@ def generate_rollouts(
     num_shards = max(1, math.ceil(len(tasks) / shard_size))
     shard_files = [cache / f"{fingerprint}-shard{i:05d}-of{num_shards:05d}.arrow" for i in range(num_shards)]
 
-    state = PartialState()
+    state = process_state()
     per_proc = math.ceil(num_shards / state.num_processes)
     mine = range(state.process_index * per_proc, min(num_shards, (state.process_index + 1) * per_proc))
     todo = [i for i in mine if not (load_from_cache_file and shard_files[i].is_file())]

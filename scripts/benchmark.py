@@ -104,7 +104,7 @@ def replay(model, calls, pad_id: int, device, sampling: SamplingConfig) -> tuple
             mask[i, width - len(p) :] = 1
         model.generate(
             input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=True, temperature=sampling.temperature,
-            top_p=sampling.top_p, top_k=None, max_new_tokens=steps, min_new_tokens=steps, pad_token_id=pad_id,
+            top_p=sampling.top_p, top_k=0, max_new_tokens=steps, min_new_tokens=steps, pad_token_id=pad_id,
         )
         tokens += len(prompts) * steps
     if device.type == "cuda":

@@ -230,3 +230,20 @@ def test_sampled_mask_tells_reported_ids_from_retokenized_text(tokenizer):
     assert ep["sampled_token_mask"][first.start : first.end] == [0] * (first.end - first.start)
     assert ep["sampled_token_mask"][second.start : second.end] == [1] * len(ids_turn)
     assert sum(ep["sampled_token_mask"]) == len(ids_turn)  # nothing outside agent turns
+
+
+@pytest.mark.parametrize("backend", ["generate", "continuous"])
+def test_sampling_uses_the_full_softmax_the_logprobs_describe(tiny, backend):
+    """transformers' default top_k=50 must not narrow sampling behind the stored log-probs' back."""
+    from hf_rollouts.agents.hf import TransformersAgent
+    from hf_rollouts.types import AgentRequest
+
+    model, tok = tiny
+    agent = TransformersAgent(model, tok, max_new_tokens=1, temperature=1.0, backend=backend)
+    prompt = agent.chat.initial_ids([{"role": "user", "content": "Is it a clock?"}])
+    results = agent.act_batch([AgentRequest([], prompt)] * 256)
+    first = {action.token_ids[0] for action, _ in results}
+    probs = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)
+    expected_distinct = float((1 - (1 - probs) ** 256).sum())  # E[#distinct ids in 256 full-softmax draws]
+    assert expected_distinct > 100
+    assert len(first) > 0.8 * expected_distinct  # a top-50 sampler could never exceed 50

@@ -1,4 +1,10 @@
-"""`accelerate launch --num_processes 2` gives the same rows, in the same order, as one process."""
+"""Two processes give the same rows, in the same order, as one process.
+
+On CPU, `accelerate launch --cpu --num_processes 2` starts a single process unless MPI
+is configured, so the test launches two processes with torch.distributed.run (what
+`accelerate launch` does on GPUs); hf_rollouts.distributed.process_state makes them a
+gloo group. The test checks that both really ran.
+"""
 
 from __future__ import annotations
 
@@ -18,13 +24,15 @@ ARGS = ["--env", "mastermind", "--num-tasks", "6", "--num-rollouts", "2", "--env
 
 
 def test_two_cpu_processes_equal_one(tmp_path):
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
-              "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "scripts" / "generate.py")]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+              str(ROOT / "scripts" / "generate.py")]
     proc = subprocess.run(
         launch + ARGS + ["--output", str(tmp_path / "two"), "--cache-dir", str(tmp_path / "c2")],
-        env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+        capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rollouts [process 1]" in proc.stderr  # a second process really expanded its block of shards
     assert proc.stdout.count("wrote 6 tasks x 2 rollouts") == 1  # only the main process saves and reports
     assert main(["generate", *ARGS, "--output", str(tmp_path / "one"), "--cache-dir", str(tmp_path / "c1")]) == 0
     one, two = load_from_disk(str(tmp_path / "one")), load_from_disk(str(tmp_path / "two"))

@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import torch
-from accelerate import PartialState
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..chat import ChatDelta
+from ..distributed import process_state
 from ..types import Action, AgentRequest, Message
 from .base import Agent
 
@@ -57,7 +57,7 @@ class SamplingConfig:
 class TransformersAgent(Agent):
     """Wraps any transformers causal LM and its tokenizer.
 
-    The model is moved to ``device`` (default: accelerate's ``PartialState().device``,
+    The model is moved to ``device`` (default: accelerate's process device, :func:`~hf_rollouts.distributed.process_state`,
     so under ``accelerate launch`` each process uses its own device).
     """
 
@@ -74,7 +74,7 @@ class TransformersAgent(Agent):
         if sampling is not None and sampling_kwargs:
             raise TypeError("Pass either a SamplingConfig or sampling keyword arguments, not both.")
         self.sampling = sampling or SamplingConfig(**sampling_kwargs)
-        self.device = torch.device(device) if device is not None else PartialState().device
+        self.device = torch.device(device) if device is not None else process_state().device
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
@@ -157,7 +157,7 @@ class TransformersAgent(Agent):
             do_sample=not greedy,
             temperature=None if greedy else s.temperature,
             top_p=None if greedy else s.top_p,
-            top_k=None,
+            top_k=None if greedy else 0,  # None would mean transformers' default top_k=50: sampling must match the stored full-softmax log-probs
             max_new_tokens=s.max_new_tokens,
             eos_token_id=self.stop_ids,
             pad_token_id=self.tokenizer.pad_token_id,
