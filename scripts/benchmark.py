@@ -5,7 +5,9 @@
 
 Rows of the table (same tasks, model and sampling settings):
 
-(a) one-by-one   the same environments, one conversation per model call (the seed's loop)
+(a) one-by-one   the same environments, one conversation per model call, the whole history
+                 prefilled every turn (the seed's loop)
+(a2)             the same, keeping each episode's KV cache between its turns (isolates batching)
 (b) hf_rollouts  generate_rollouts: Dataset.map, all live episodes sharing each generation call
 (c) lower bound  the generation calls of (b) replayed straight on the model (same prompts, same number of
                  new tokens per call), with no env, tokenizer or dataset work
@@ -17,6 +19,7 @@ Numbers vary run to run on a shared machine; compare ratios from the same run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import resource
 import sys
@@ -51,6 +54,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--backend", default="generate", choices=["generate", "continuous", "both"])
     p.add_argument("--skip-baseline", action="store_true", help="skip (a), e.g. for large workloads")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-reuse-kv", action="store_true", help="prefill the whole history every turn (as (a) does)")
     return p.parse_args()
 
 
@@ -74,42 +78,57 @@ def build_model(args):
 
 
 class CallLog:
-    """Wraps a TransformersAgent backend to log each generation call's prompts and new-token count."""
+    """Records every ``model.generate`` call of an agent: inputs, cache row selection, new-token count."""
 
-    def __init__(self, agent: TransformersAgent) -> None:
-        self.calls: list[tuple[list[list[int]], int]] = []
-        for name in ("_generate_padded", "_generate_continuous"):
-            real = getattr(agent, name)
+    def __init__(self, model) -> None:
+        from transformers import DynamicCache
 
-            def logged(prompts, _real=real):
-                out = _real(prompts)
-                steps = max(len(agent._cut_at_stop(ids, lps)[0]) for ids, lps in out)
-                self.calls.append(([list(p) for p in prompts], steps))
-                return out
+        self.calls: list[dict] = []
+        self._selected = None
+        real_generate, real_select = model.generate, DynamicCache.batch_select_indices
 
-            setattr(agent, name, logged)
+        def select(cache, indices):
+            self._selected = indices.clone()
+            return real_select(cache, indices)
+
+        def generate(**kw):
+            out = real_generate(**kw)
+            self.calls.append({
+                "input_ids": kw["input_ids"], "attention_mask": kw["attention_mask"],
+                "reuse": kw.get("past_key_values") is not None, "select": self._selected,
+                "steps": out.sequences.shape[1] - kw["input_ids"].shape[1],
+            })
+            self._selected = None
+            return out
+
+        DynamicCache.batch_select_indices = select
+        model.generate = generate
+        self._undo = lambda: (setattr(DynamicCache, "batch_select_indices", real_select), delattr(model, "generate"))
+
+    def close(self) -> None:
+        self._undo()
 
 
 @torch.inference_mode()
-def replay(model, calls, pad_id: int, device, sampling: SamplingConfig) -> tuple[float, int]:
-    """(c): the same generate calls on the bare model; returns (seconds, generated tokens)."""
-    tokens = 0
+def replay(model, calls, pad_id: int, device, sampling: SamplingConfig) -> float:
+    """(c): the recorded generate calls on the bare model, with the same KV-cache reuse and step counts."""
     start = time.perf_counter()
-    for prompts, steps in calls:
-        width = max(map(len, prompts))
-        ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
-        model.generate(
-            input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=True, temperature=sampling.temperature,
-            top_p=sampling.top_p, top_k=0, max_new_tokens=steps, min_new_tokens=steps, pad_token_id=pad_id,
+    cache = None
+    for call in calls:
+        past = None
+        if call["reuse"]:
+            past = cache
+            if call["select"] is not None:
+                past.batch_select_indices(call["select"])
+        out = model.generate(
+            input_ids=call["input_ids"], attention_mask=call["attention_mask"], past_key_values=past,
+            do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0,
+            max_new_tokens=call["steps"], min_new_tokens=call["steps"], pad_token_id=pad_id, return_dict_in_generate=True,
         )
-        tokens += len(prompts) * steps
+        cache = out.past_key_values
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - start, tokens
+    return time.perf_counter() - start
 
 
 def agent_tokens(padded_masks) -> int:
@@ -132,20 +151,28 @@ def main() -> int:
           f"<= {args.max_turns} turns, <= {args.max_new_tokens} new tokens/turn; model {model_name}; torch threads {torch.get_num_threads()}")
     rows = []
     for backend in backends:
-        sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens, seed=args.seed, backend=backend)
+        baseline_times: dict[str, float] = {}
+        sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                                  backend=backend, reuse_kv=not args.no_reuse_kv)
         agent = TransformersAgent(model, tok, sampling, device=args.device, name=model_name)
         env = TwentyQuestionsEnv(tok, env_config)
         warm_up = [{"role": "user", "content": "warm up"}]
         agent.act_batch([AgentRequest(warm_up, env.chat.initial_ids(warm_up))])
 
         if not args.skip_baseline:
-            agent.set_seed(args.seed)
-            start = time.perf_counter()
-            out = env.run_trial(tasks["task_data"], agent, args.rollouts, max_concurrency=1)
-            t_a = time.perf_counter() - start
-            rows.append((f"(a) one-by-one [{backend}]", t_a, agent_tokens(out["padded_agent_token_mask"]), agent.generate_calls))
+            baselines = [("(a) one-by-one, full prefill", False)]
+            if sampling.reuse_kv and backend == "generate":
+                baselines.append(("(a2) one-by-one, KV reuse", True))
+            for label, reuse in baselines:
+                solo = TransformersAgent(model, tok, dataclasses.replace(sampling, reuse_kv=reuse), device=args.device, name=model_name)
+                solo.set_seed(args.seed)
+                start = time.perf_counter()
+                out = env.run_trial(tasks["task_data"], solo, args.rollouts, max_concurrency=1)
+                seconds = time.perf_counter() - start
+                rows.append((f"{label} [{backend}]", seconds, agent_tokens(out["padded_agent_token_mask"]), solo.generate_calls))
+                baseline_times[label] = seconds
 
-        log = CallLog(agent)
+        log = CallLog(agent.model)
         calls_before = agent.generate_calls
         with tempfile.TemporaryDirectory() as cache:
             start = time.perf_counter()
@@ -157,20 +184,21 @@ def main() -> int:
         gen_b = agent_tokens(ds["padded_agent_token_mask"])
         rows.append((f"(b) hf_rollouts [{backend}]", t_b, gen_b, agent.generate_calls - calls_before))
 
-        t_c, gen_c = replay(agent.model, log.calls, tok.pad_token_id, agent.device, sampling)
+        log.close()
+        t_c = replay(agent.model, log.calls, tok.pad_token_id, agent.device, sampling)
         rows.append((f"(c) lower bound [{backend}]", t_c, gen_b, len(log.calls)))
         rows.append(("", 0, 0, 0))
         print(f"[{backend}] parquet: {disk} bytes for {positions} stored token positions "
               f"= {disk / positions:.2f} bytes/position ({disk / real_tokens:.2f} bytes per real token)")
-        if not args.skip_baseline:
-            print(f"[{backend}] (a)/(b) = {t_a / t_b:.2f}x faster than one-by-one")
+        for label, seconds in baseline_times.items():
+            print(f"[{backend}] {label.split()[0]}/(b) = {seconds / t_b:.2f}x  ({label} vs hf_rollouts)")
         print(f"[{backend}] (b)/(c) = {t_b / t_c:.3f} (pipeline overhead over pure generation: {100 * (t_b / t_c - 1):+.1f}%)")
 
-    print(f"\n{'run':<32}{'wall s':>9}{'episodes/s':>12}{'gen tok/s':>11}{'gen calls':>11}")
+    print(f"\n{'run':<44}{'wall s':>9}{'episodes/s':>12}{'gen tok/s':>11}{'gen calls':>11}")
     for name, secs, toks, calls in rows:
         if not name:
             continue
-        print(f"{name:<32}{secs:>9.2f}{episodes / secs:>12.2f}{toks / secs:>11.1f}{calls:>11}")
+        print(f"{name:<44}{secs:>9.2f}{episodes / secs:>12.2f}{toks / secs:>11.1f}{calls:>11}")
     print(f"\npeak RSS: {peak_rss_mib():.0f} MiB")
     return 0
 

@@ -142,13 +142,15 @@ def test_padding_values(tokenizer):
 
 
 # -- T5 and token-in/token-out with the real model ----------------------------
-@pytest.mark.parametrize("backend", ["generate", "continuous"])
-def test_sampled_ids_are_stored_verbatim_and_prompts_are_prefixes(tokenizer, tiny, recording, backend):
+@pytest.mark.parametrize("backend, reuse_kv", [("generate", True), ("generate", False), ("continuous", False)])
+def test_sampled_ids_are_stored_verbatim_and_prompts_are_prefixes(tokenizer, tiny, recording, backend, reuse_kv):
     from hf_rollouts.agents.hf import TransformersAgent
 
     env = MastermindEnv(tokenizer, {"max_turns": 3})
-    agent = recording(TransformersAgent(tiny[0], tokenizer, max_new_tokens=6, backend=backend))
+    inner = TransformersAgent(tiny[0], tokenizer, max_new_tokens=6, backend=backend, reuse_kv=reuse_kv)
+    agent = recording(inner)
     out = env.run_trial([{"code": [1, 2, 3, 4]}, {"code": [3, 3, 1, 1]}], agent, num_rollouts=2)
+    assert inner.kv_reused_calls == (inner.generate_calls - 1 if reuse_kv and backend == "generate" else 0)
     assert sorted(agent.log) == sorted(f"task{t}/rollout{r}" for t in range(2) for r in range(2))
     for i, session in enumerate(f"task{t}/rollout{r}" for t in range(2) for r in range(2)):
         ids = out["padded_full_token_ids"][i]
@@ -247,3 +249,55 @@ def test_sampling_uses_the_full_softmax_the_logprobs_describe(tiny, backend):
     expected_distinct = float((1 - (1 - probs) ** 256).sum())  # E[#distinct ids in 256 full-softmax draws]
     assert expected_distinct > 100
     assert len(first) > 0.8 * expected_distinct  # a top-50 sampler could never exceed 50
+
+
+def test_kv_reuse_changes_nothing_but_the_work(tokenizer, tiny):
+    """Greedy decoding with the kept KV cache (holes, dropped rows) gives the ids of a full prefill each turn."""
+    from hf_rollouts.agents.hf import TransformersAgent
+
+    def play(reuse_kv):
+        agent = TransformersAgent(tiny[0], tokenizer, max_new_tokens=5, temperature=0.0, reuse_kv=reuse_kv)
+        env = MastermindEnv(tokenizer, {"max_turns": 4})
+        agent_script = env.run_trial([{"code": [1, 2, 3, 4]}, {"code": [6, 5, 4, 3]}, {"code": [2, 2, 2, 2]}], agent, 2)
+        return agent, agent_script
+
+    reused_agent, reused = play(True)
+    full_agent, full = play(False)
+    assert reused_agent.kv_reused_calls == reused_agent.generate_calls - 1 > 0 and full_agent.kv_reused_calls == 0
+    assert reused["padded_full_token_ids"] == full["padded_full_token_ids"]
+    for a, b in zip(reused["padded_logprobs"], full["padded_logprobs"]):
+        assert a == pytest.approx(b, abs=1e-4)
+
+
+def test_kv_cache_is_rebuilt_when_a_prompt_does_not_extend_what_was_seen(tokenizer, tiny):
+    from hf_rollouts.agents.hf import TransformersAgent
+    from hf_rollouts.types import AgentRequest
+
+    agent = TransformersAgent(tiny[0], tokenizer, max_new_tokens=3)
+    chat = agent.chat
+    first = chat.initial_ids([{"role": "user", "content": "Is it a clock?"}])
+    (action, _), = agent.act_batch([AgentRequest([], first, session_id="s")])
+    follow = first + action.token_ids + chat.user_delta_ids("No", action.token_ids)
+    agent.act_batch([AgentRequest([], follow, session_id="s")])
+    assert agent.kv_reused_calls == 1
+    edited = list(follow)
+    edited[1] = edited[2]  # history rewritten: the cache no longer matches, so it must not be used
+    agent.act_batch([AgentRequest([], edited + [5], session_id="s")])
+    assert agent.kv_reused_calls == 1 and agent.generate_calls == 3
+
+
+def test_kv_reuse_after_an_episode_left_the_batch(tokenizer, tiny):
+    from hf_rollouts.agents.hf import TransformersAgent
+    from hf_rollouts.types import AgentRequest
+
+    reuse = TransformersAgent(tiny[0], tokenizer, max_new_tokens=4, temperature=0.0)
+    fresh = TransformersAgent(tiny[0], tokenizer, max_new_tokens=4, temperature=0.0, reuse_kv=False)
+    chat = reuse.chat
+    a = chat.initial_ids([{"role": "user", "content": "Is it a clock?"}])
+    b = chat.initial_ids([{"role": "user", "content": "Guess the number between 1 and 10. Answer with one number."}])
+    (_, _), ((act_b, _)) = reuse.act_batch([AgentRequest([], a, session_id="a"), AgentRequest([], b, session_id="b")])
+    follow = b + act_b.token_ids + chat.user_delta_ids("Higher.", act_b.token_ids)
+    ((kept, _),) = reuse.act_batch([AgentRequest([], follow, session_id="b")])  # episode "a" has finished
+    ((full, _),) = fresh.act_batch([AgentRequest([], follow, session_id="b")])
+    assert reuse.kv_reused_calls == 1
+    assert kept.token_ids == full.token_ids and kept.logprobs == pytest.approx(full.logprobs, abs=1e-4)

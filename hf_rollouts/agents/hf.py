@@ -36,6 +36,13 @@ class SamplingConfig:
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
     max_new_tokens: int = field(default=48, metadata={"help": "Token budget of one agent turn."})
     seed: int = field(default=0, metadata={"help": "Seed of the sampling RNG (reset by set_seed)."})
+    reuse_kv: bool = field(
+        default=True,
+        metadata={
+            "help": "'generate' backend: keep the batched KV cache between turns and prefill only each episode's new "
+            "tokens (the prompt must extend what the model already saw; otherwise a full prefill is done)."
+        },
+    )
     backend: Backend = field(
         default="generate",
         metadata={
@@ -52,6 +59,24 @@ class SamplingConfig:
                 f"Invalid sampling settings temperature={self.temperature}, top_p={self.top_p}, "
                 f"max_new_tokens={self.max_new_tokens}: need temperature >= 0, 0 < top_p <= 1, max_new_tokens >= 1."
             )
+
+
+@dataclass
+class _KVState:
+    """The batched KV cache of the last ``generate`` call, kept for the episodes' next turn.
+
+    Row ``i`` holds session ``sessions[i]``; ``seen[i]`` are the ids the model has read or
+    sampled for it (the stored sequence so far). ``input_ids``/``attention`` are the cache's
+    layout: left padding, masked holes where shorter rows' deltas were padded, and masked
+    ids sampled after a row's stop token. Positions come from ``attention.cumsum()``, so a
+    row's tokens keep exactly the positions they have in its stored sequence.
+    """
+
+    sessions: list[str]
+    seen: list[list[int]]
+    input_ids: torch.Tensor
+    attention: torch.Tensor
+    cache: Any
 
 
 class TransformersAgent(Agent):
@@ -81,6 +106,8 @@ class TransformersAgent(Agent):
         self.chat = ChatDelta(tokenizer)
         self.stop_ids = list(self.chat.stop_token_ids)
         self.generate_calls = 0
+        self.kv_reused_calls = 0
+        self._kv: _KVState | None = None
         self.set_seed(self.sampling.seed)
 
     @classmethod
@@ -108,11 +135,10 @@ class TransformersAgent(Agent):
     def act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any]]:
         if not requests:
             return []
-        prompts = [r.prompt_token_ids for r in requests]
         if self.sampling.backend == "continuous":
-            sampled = self._generate_continuous(prompts)
+            sampled = self._generate_continuous([r.prompt_token_ids for r in requests])
         else:
-            sampled = self._generate_padded(prompts)
+            sampled = self._generate_padded(requests)
         out = []
         for request, (ids, logprobs) in zip(requests, sampled):
             ids, logprobs, stopped = self._cut_at_stop(ids, logprobs)
@@ -165,28 +191,91 @@ class TransformersAgent(Agent):
             return_dict_in_generate=True,
         )
 
+    def _left_pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(x) for x in seqs)
+        ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, x in enumerate(seqs):
+            if x:
+                ids[i, width - len(x) :] = torch.tensor(x, dtype=torch.long)
+                mask[i, width - len(x) :] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def _reusable_rows(self, requests: list[AgentRequest]) -> list[int] | None:
+        """Rows of the kept KV cache for ``requests``, or None when a full prefill is needed.
+
+        Reuse needs every request's session in the cache, once, with a prompt that strictly
+        extends what the model already saw for it (token-in: checked id by id).
+        """
+        state = self._kv
+        if state is None or not self.sampling.reuse_kv:
+            return None
+        row_of = {s: i for i, s in enumerate(state.sessions)}
+        rows: list[int] = []
+        for r in requests:
+            i = row_of.get(r.session_id) if r.session_id else None
+            if i is None or i in rows:
+                return None
+            seen = state.seen[i]
+            if len(r.prompt_token_ids) <= len(seen) or r.prompt_token_ids[: len(seen)] != seen:
+                return None
+            rows.append(i)
+        return rows
+
     @torch.inference_mode()
-    def _generate_padded(self, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
-        """Left-padded batched ``model.generate`` with an explicit attention mask."""
-        width = max(len(p) for p in prompts)
-        pad = self.tokenizer.pad_token_id
-        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            attention[i, width - len(p) :] = 1
+    def _generate_padded(self, requests: list[AgentRequest]) -> list[tuple[list[int], list[float]]]:
+        """Left-padded batched ``model.generate`` with an explicit attention mask.
+
+        With ``reuse_kv`` the KV cache of the previous call is kept: when the same episodes
+        come back, finished rows are dropped and only each episode's new ids (env delta) are
+        prefilled, as a left-padded block whose holes are masked.
+        """
+        prompts = [r.prompt_token_ids for r in requests]
+        rows = self._reusable_rows(requests)
+        cache = None
+        if rows is None:
+            input_ids, attention = self._left_pad(prompts)
+        else:
+            state = self._kv
+            input_ids, attention, cache = state.input_ids, state.attention, state.cache
+            if rows != list(range(len(state.sessions))):
+                index = torch.tensor(rows, device=self.device)
+                cache.batch_select_indices(index)
+                input_ids, attention = input_ids[index], attention[index]
+            block, block_mask = self._left_pad([p[len(state.seen[r]) :] for p, r in zip(prompts, rows)])
+            input_ids, attention = torch.cat([input_ids, block], 1), torch.cat([attention, block_mask], 1)
+            self.kv_reused_calls += 1
+        self._kv = None  # a failed call must not leave a half-updated cache behind
+        width = input_ids.shape[1]
         self.generate_calls += 1
         out = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention.to(self.device),
+            input_ids=input_ids,
+            attention_mask=attention,
+            past_key_values=cache,
             generation_config=self._generation_config(),
         )
-        new = out.sequences[:, width:].cpu()
+        new = out.sequences[:, width:]
         logits = torch.stack(out.logits, dim=1).float()  # [batch, new, vocab]
         if self.sampling.temperature > 0:
             logits = logits / self.sampling.temperature
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new.to(logits.device).unsqueeze(-1)).squeeze(-1).cpu()
-        return [(new[i].tolist(), logprobs[i].tolist()) for i in range(len(prompts))]
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1).cpu()
+        new = new.cpu()
+        results = [(new[i].tolist(), logprobs[i].tolist()) for i in range(len(prompts))]
+        if self.sampling.reuse_kv:
+            kept = torch.zeros_like(new)
+            seen = []
+            for i, (ids, _) in enumerate(results):
+                n = self._stop_len(ids)
+                kept[i, :n] = 1
+                seen.append(list(prompts[i]) + ids[:n])
+            self._kv = _KVState(
+                sessions=[r.session_id for r in requests],
+                seen=seen,
+                input_ids=out.sequences,
+                attention=torch.cat([attention, kept.to(self.device)], 1),
+                cache=out.past_key_values,
+            )
+        return results
 
     def _generate_continuous(self, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
         """transformers continuous batching; log-probabilities come from the manager."""
@@ -209,9 +298,14 @@ class TransformersAgent(Agent):
                 raise RuntimeError(f"continuous batching request {o.request_id} failed: {o.error}")
         return [(list(o.generated_tokens), list(o.logprobs)) for o in ordered]
 
-    def _cut_at_stop(self, ids: list[int], logprobs: list[float]) -> tuple[list[int], list[float], bool]:
-        """Keep ids up to and including the first stop id; drop the batch's padding after it."""
+    def _stop_len(self, ids: list[int]) -> int:
+        """Length of ``ids`` up to and including the first stop id (all of it if none)."""
         for i, t in enumerate(ids):
             if t in self.stop_ids:
-                return ids[: i + 1], logprobs[: i + 1], True
-        return ids, logprobs, False
+                return i + 1
+        return len(ids)
+
+    def _cut_at_stop(self, ids: list[int], logprobs: list[float]) -> tuple[list[int], list[float], bool]:
+        """Keep ids up to and including the first stop id; drop the batch's padding after it."""
+        n = self._stop_len(ids)
+        return ids[:n], logprobs[:n], n < len(ids) or (n > 0 and ids[n - 1] in self.stop_ids)
