@@ -245,7 +245,8 @@ def test_sampling_uses_the_full_softmax_the_logprobs_describe(tiny, backend):
     prompt = agent.chat.initial_ids([{"role": "user", "content": "Is it a clock?"}])
     results = agent.act_batch([AgentRequest([], prompt)] * 256)
     first = {action.token_ids[0] for action, _ in results}
-    probs = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)
+    with torch.no_grad():
+        probs = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)
     expected_distinct = float((1 - (1 - probs) ** 256).sum())  # E[#distinct ids in 256 full-softmax draws]
     assert expected_distinct > 100
     assert len(first) > 0.8 * expected_distinct  # a top-50 sampler could never exceed 50
