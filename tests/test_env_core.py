@@ -302,3 +302,16 @@ def test_kv_reuse_after_an_episode_left_the_batch(tokenizer, tiny):
     ((full, _),) = fresh.act_batch([AgentRequest([], follow, session_id="b")])
     assert reuse.kv_reused_calls == 1
     assert kept.token_ids == full.token_ids and kept.logprobs == pytest.approx(full.logprobs, abs=1e-4)
+
+
+def test_set_seed_drops_the_kept_kv_cache(tokenizer, tiny):
+    from hf_rollouts.agents.hf import TransformersAgent
+    from hf_rollouts.types import AgentRequest
+
+    agent = TransformersAgent(tiny[0], tokenizer, max_new_tokens=2)
+    prompt = agent.chat.initial_ids([{"role": "user", "content": "Is it a clock?"}])
+    ((action, _),) = agent.act_batch([AgentRequest([], prompt, session_id="s")])
+    agent.set_seed(1)  # e.g. the next map batch, after an optimizer step
+    follow = prompt + action.token_ids + agent.chat.user_delta_ids("No", action.token_ids)
+    agent.act_batch([AgentRequest([], follow, session_id="s")])
+    assert agent.kv_reused_calls == 0

@@ -54,7 +54,11 @@ class Agent(ABC):
         return result
 
     def set_seed(self, seed: int) -> None:
-        """Reset the agent's sampling randomness. Default: nothing to reset."""
+        """Reset the agent's sampling randomness; a new set of episodes starts.
+
+        The pipeline calls it at the start of every map batch, so agents also drop
+        per-episode state kept between turns here. Default: nothing to reset.
+        """
 
     def fingerprint(self) -> dict[str, Any]:
         """Everything about this agent that changes its outputs, as JSON-able data.

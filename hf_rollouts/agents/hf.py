@@ -124,6 +124,7 @@ class TransformersAgent(Agent):
     # -- Agent API ---------------------------------------------------------
     def set_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
+        self._kv = None  # new episodes (and perhaps new weights): never reuse KV computed before
 
     def get_action(self, messages: list[Message], agent_state: Any = None) -> tuple[Action, Any]:
         request = AgentRequest(messages=messages, prompt_token_ids=self.chat.initial_ids(messages), agent_state=agent_state)
