@@ -32,7 +32,12 @@ def format_trajectory(row: dict[str, Any], rollout: int, tokenizer: PreTrainedTo
     mask = row["padded_agent_token_mask"][rollout]
     rewards = row["padded_per_token_rewards"][rollout]
     length = sum(attn)
-    lines.append(f"tokens: {length} ({sum(mask)} sampled by the agent, {len(ids) - length} padding)")
+    lines.append(f"tokens: {length} ({sum(mask)} from the agent, {len(ids) - length} padding)")
+    sampled = row.get("padded_sampled_token_mask")
+    if sampled is not None and sampled[rollout] is not None:
+        retokenized = sum(mask) - sum(sampled[rollout])
+        if retokenized:
+            lines.append(f"agent tokens re-tokenized from text (no sampled ids reported): {retokenized}")
     if tokenizer is None:
         lines.append("(no tokenizer found: showing the readable conversation instead of tokens)")
         for m in row["conversations"][rollout]:

@@ -89,3 +89,14 @@ def test_cli_openai_spec_builds_the_endpoint_agent(tiny, tmp_path):
     assert info["base_url"] == "http://127.0.0.1:9/v1" and info["model"] == "tiny"
     assert agent.settings.concurrency == 3 and agent.settings.max_tokens == 7 and agent.settings.temperature == 0.3
     assert agent.tokenizer.pad_token_id is not None
+
+
+def test_inspect_reports_retokenized_agent_text(tokenizer):
+    from hf_rollouts.render import format_trajectory
+
+    env = MastermindEnv(tokenizer, {"max_turns": 1})
+    out = env.run_trial([{"code": [1, 2, 3, 4]}], ScriptedAgent(["1 2 3 4"]), 1)
+    row = {"env_class_path": "x", "env_config": {}, "task_data": {}, **out}
+    shown = format_trajectory(row, 0, tokenizer)
+    n = sum(out["padded_agent_token_mask"][0])
+    assert f"re-tokenized from text (no sampled ids reported): {n}" in shown and "{+1}" in shown
