@@ -25,7 +25,7 @@ COLUMN_HELP = {
     "task_data": "JSON task passed to `_initialize_episode`",
     "padded_full_token_ids": "[rollout][token] full episode ids (prompts, env messages, agent samples), padded",
     "padded_full_attention_mask": "[rollout][token] 1 for real tokens, 0 for padding",
-    "padded_agent_token_mask": "[rollout][token] 1 where the agent sampled the token",
+    "padded_agent_token_mask": "[rollout][token] 1 on the agent's tokens",
     "padded_sampled_token_mask": "[rollout][token] 1 where the stored id is exactly what the agent reported sampling (0 for re-tokenized text of text-only turns)",
     "padded_per_token_rewards": "[rollout][token] step rewards placed on agent tokens",
     "padded_logprobs": "[rollout][token] sampling log-probability of agent tokens (0 elsewhere; null if the agent gave none)",

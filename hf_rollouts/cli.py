@@ -56,6 +56,7 @@ class GenerateArgs:
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
     max_new_tokens: int = field(default=48, metadata={"help": "Token budget of one agent turn."})
     backend: str = field(default="generate", metadata={"help": "Generation backend.", "choices": ["generate", "continuous"]})
+    no_reuse_kv: bool = field(default=False, metadata={"help": "Prefill the whole history every turn instead of keeping the KV cache between turns."})
     seed: int = field(default=0, metadata={"help": "Sampling seed; a new seed always gives fresh samples."})
     batch_size: int = field(default=16, metadata={"help": "Tasks per map batch; their episodes share each generation call."})
     shard_size: int = field(default=256, metadata={"help": "Tasks per resumable cache shard."})
@@ -124,7 +125,10 @@ def cmd_generate(argv: list[str]) -> int:
     from .stats import compute_stats
 
     tasks = _make_tasks(args.env, args.split, args.num_tasks, args.env_config) if args.env else load_tasks(args.tasks)
-    sampling = SamplingConfig(args.temperature, args.top_p, args.max_new_tokens, args.seed, args.backend)
+    sampling = SamplingConfig(
+        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
+        backend=args.backend, reuse_kv=not args.no_reuse_kv,
+    )
     agent = load_agent(
         args.model, sampling, tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code,
         endpoint={"concurrency": args.concurrency, "timeout": args.request_timeout, "max_retries": args.max_retries},

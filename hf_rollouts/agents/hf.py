@@ -28,9 +28,9 @@ Backend = Literal["generate", "continuous"]
 BACKENDS: tuple[str, ...] = ("generate", "continuous")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SamplingConfig:
-    """Sampling settings of a :class:`TransformersAgent`."""
+    """Sampling and generation settings of a :class:`TransformersAgent` (keyword-only)."""
 
     temperature: float = field(default=1.0, metadata={"help": "Softmax temperature; 0 means greedy decoding."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
