@@ -63,6 +63,7 @@ class GenerateArgs:
     max_concurrency: int | None = field(default=None, metadata={"help": "Cap on concurrent episodes per batch."})
     on_error: str = field(default="record", metadata={"help": "record failed episodes as status 'error', or raise.", "choices": ["record", "raise"]})
     allow_env_module: list[str] = field(default_factory=list, metadata={"help": "Module prefix(es) outside hf_rollouts.envs whose env classes may be imported (runs their code)."})
+    logprob_dtype: str = field(default="float32", metadata={"help": "Storage of padded_logprobs: float32 (exact) or float16 (about half the bytes of that column, ~1e-3 relative error).", "choices": ["float32", "float16"]})
     push_to_hub: str | None = field(default=None, metadata={"help": "Also push data and card to this Hub dataset repo."})
     private: bool = field(default=False, metadata={"help": "Create the Hub repo as private."})
     cache_dir: str | None = field(default=None, metadata={"help": "Shard cache directory (default ~/.cache/hf_rollouts/rollouts)."})
@@ -121,7 +122,7 @@ def cmd_generate(argv: list[str]) -> int:
     from .cards import render_card
     from .distributed import process_state
     from .pipeline import generate_rollouts
-    from .publish import push_rollouts, save_rollouts
+    from .publish import push_rollouts, save_rollouts, with_logprob_dtype
     from .stats import compute_stats
 
     tasks = _make_tasks(args.env, args.split, args.num_tasks, args.env_config) if args.env else load_tasks(args.tasks)
@@ -153,14 +154,14 @@ def cmd_generate(argv: list[str]) -> int:
         ds, agent_info=info, seed=args.seed, pad_token_id=agent.tokenizer.pad_token_id,
         load_path=args.push_to_hub or str(Path(args.output).resolve()),
     )
-    save_rollouts(ds, args.output, card)
+    save_rollouts(ds, args.output, card, logprob_dtype=args.logprob_dtype)
     agent.tokenizer.save_pretrained(str(Path(args.output) / "tokenizer"))
     stats = compute_stats(ds)
     print(f"\nwrote {len(ds)} tasks x {args.num_rollouts} rollouts to {args.output} (card: {Path(args.output) / 'README.md'})")
     for key, value in stats.table():
         print(f"  {key:<22} {value}")
     if args.push_to_hub:
-        url = push_rollouts(ds, args.push_to_hub, card, private=args.private)
+        url = push_rollouts(with_logprob_dtype(ds, args.logprob_dtype), args.push_to_hub, card, private=args.private)
         print(f"pushed to {url}")
     return 0
 

@@ -179,6 +179,7 @@ def main() -> int:
             ds = generate_rollouts(tasks, agent, args.rollouts, seed=args.seed, batch_size=args.tasks, cache_dir=cache, progress=False)
             t_b = time.perf_counter() - start
             disk = sum(Path(f).stat().st_size for f in parquet_files(save_rollouts(ds, Path(cache) / "saved")))
+            disk16 = sum(Path(f).stat().st_size for f in parquet_files(save_rollouts(ds, Path(cache) / "saved16", logprob_dtype="float16")))
         positions = sum(len(ids) for group in ds["padded_full_token_ids"] for ids in group)
         real_tokens = sum(sum(m) for group in ds["padded_full_attention_mask"] for m in group)
         gen_b = agent_tokens(ds["padded_agent_token_mask"])
@@ -189,7 +190,8 @@ def main() -> int:
         rows.append((f"(c) lower bound [{backend}]", t_c, gen_b, len(log.calls)))
         rows.append(("", 0, 0, 0))
         print(f"[{backend}] parquet: {disk} bytes for {positions} stored token positions "
-              f"= {disk / positions:.2f} bytes/position ({disk / real_tokens:.2f} bytes per real token)")
+              f"= {disk / positions:.2f} bytes/position ({disk / real_tokens:.2f} bytes per real token); "
+              f"with --logprob-dtype float16: {disk16 / positions:.2f} bytes/position")
         for label, seconds in baseline_times.items():
             print(f"[{backend}] {label.split()[0]}/(b) = {seconds / t_b:.2f}x  ({label} vs hf_rollouts)")
         print(f"[{backend}] (b)/(c) = {t_b / t_c:.3f} (pipeline overhead over pure generation: {100 * (t_b / t_c - 1):+.1f}%)")

@@ -42,3 +42,30 @@ def test_cli_generate_pushes_with_the_card(monkeypatch, tmp_path, capsys):
     (data, repo, kwargs, rows, columns), card = calls[0], calls[1]
     assert (data, repo, rows, kwargs["private"]) == ("data", "me/gn", 2, True) and "padded_full_token_ids" in columns
     assert card[0] == "card" and 'load_dataset("me/gn"' in card[3] and "GuessNumberEnv" in card[3]
+
+
+def test_float16_logprobs_halve_precision_not_structure(tokenizer, tmp_path):
+    import math
+    import os
+
+    from datasets import load_dataset, load_from_disk
+
+    from hf_rollouts.agents.hf import TransformersAgent
+    from hf_rollouts.envs.mastermind import MastermindEnv
+    from hf_rollouts.models import build_tiny_model
+    from hf_rollouts.pipeline import generate_rollouts
+    from hf_rollouts.publish import parquet_files, save_rollouts
+
+    model, tok = build_tiny_model()
+    ds = generate_rollouts(MastermindEnv(tok, {"max_turns": 2}).get_train_dataset(2), TransformersAgent(model, tok, max_new_tokens=6),
+                           2, cache_dir=tmp_path / "c", progress=False)
+    exact = save_rollouts(ds, tmp_path / "exact")
+    half = save_rollouts(ds, tmp_path / "half", logprob_dtype="float16")
+    assert load_from_disk(str(exact))["padded_logprobs"] == ds["padded_logprobs"]
+    small = load_dataset("parquet", data_files=parquet_files(half), split="train")
+    assert small["padded_full_token_ids"] == ds["padded_full_token_ids"]
+    for a, b in zip(small["padded_logprobs"], ds["padded_logprobs"]):
+        for x, y in zip(sum(a, []), sum(b, [])):
+            assert math.isclose(x, y, rel_tol=2e-3, abs_tol=1e-6)
+    size = lambda out: sum(os.path.getsize(f) for f in parquet_files(out))  # noqa: E731
+    assert size(half) < size(exact)
