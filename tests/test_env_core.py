@@ -315,3 +315,47 @@ def test_set_seed_drops_the_kept_kv_cache(tokenizer, tiny):
     follow = prompt + action.token_ids + agent.chat.user_delta_ids("No", action.token_ids)
     agent.act_batch([AgentRequest([], follow, session_id="s")])
     assert agent.kv_reused_calls == 0
+
+
+def test_model_generation_defaults_cannot_reshape_sampling(tmp_path):
+    from hf_rollouts.agents.hf import TransformersAgent
+    from hf_rollouts.models import build_tiny_model
+
+    model, tok = build_tiny_model(cache_dir=tmp_path)
+    model.generation_config.repetition_penalty = 5.0  # as some checkpoints ship
+    model.generation_config.no_repeat_ngram_size = 1
+    agent = TransformersAgent(model, tok)
+    effective, _ = model._prepare_generation_config(agent._generation_config())
+    assert effective.repetition_penalty in (None, 1.0) and not effective.no_repeat_ngram_size
+    assert effective.top_k == 0 and effective.do_sample
+
+
+def test_kv_reuse_is_switched_off_where_masked_columns_matter(tokenizer):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from hf_rollouts.agents.hf import TransformersAgent, kv_reuse_unsafe_reason
+
+    config = MistralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=1, sliding_window=24, pad_token_id=tokenizer.pad_token_id)
+    model = MistralForCausalLM(config)
+    assert "sliding-window" in kv_reuse_unsafe_reason(model)
+    assert TransformersAgent(model, tokenizer).sampling.reuse_kv is False
+
+
+def test_a_failing_request_is_isolated_from_its_batch(tokenizer, tiny, monkeypatch):
+    from hf_rollouts.agents.hf import TransformersAgent
+    from hf_rollouts.types import AgentRequest
+
+    agent = TransformersAgent(tiny[0], tokenizer, max_new_tokens=2)
+    real = agent._act_batch
+
+    def fragile(requests):  # e.g. one prompt too long for the model: the whole batched call fails
+        if any(r.session_id == "bad" for r in requests):
+            raise RuntimeError("prompt too long")
+        return real(requests)
+
+    monkeypatch.setattr(agent, "_act_batch", fragile)
+    prompt = agent.chat.initial_ids([{"role": "user", "content": "hi"}])
+    results = agent.act_batch([AgentRequest([], prompt, session_id=s) for s in ("a", "bad", "c", "d")])
+    assert isinstance(results[1], RuntimeError)
+    assert all(not isinstance(r, Exception) and r[0].token_ids for i, r in enumerate(results) if i != 1)

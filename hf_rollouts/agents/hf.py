@@ -13,7 +13,8 @@ temperature 1 both backends match a teacher-forced forward pass (tested).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import logging
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -24,7 +25,27 @@ from ..distributed import process_state
 from ..types import Action, AgentRequest, Message
 from .base import Agent
 
+logger = logging.getLogger(__name__)
+
 Backend = Literal["generate", "continuous"]
+
+
+def kv_reuse_unsafe_reason(model: PreTrainedModel) -> str | None:
+    """Why keeping the batched KV cache between turns would change results for ``model``, or None.
+
+    The kept cache has masked columns (holes between episodes' deltas, ids sampled after
+    a stop). That is exact for full attention, which ignores masked keys, but not for a
+    sliding window (holes use up the window) or recurrent state (it reads every token).
+    """
+    config = model.config
+    text = getattr(config, "get_text_config", lambda: config)()
+    if getattr(model, "_is_stateful", False):
+        return "the model keeps recurrent state, which would read the masked padding"
+    if getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True) is not False:
+        return f"sliding-window attention (window {text.sliding_window}) would count masked columns"
+    if any(t != "full_attention" for t in (getattr(text, "layer_types", None) or [])):
+        return "some layers are not full attention"
+    return None
 BACKENDS: tuple[str, ...] = ("generate", "continuous")
 
 
@@ -101,6 +122,7 @@ class TransformersAgent(Agent):
         self.sampling = sampling or SamplingConfig(**sampling_kwargs)
         self.device = torch.device(device) if device is not None else process_state().device
         self.model = model.to(self.device).eval()
+        self._neutralize_generation_defaults()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
         self.chat = ChatDelta(tokenizer)
@@ -108,6 +130,10 @@ class TransformersAgent(Agent):
         self.generate_calls = 0
         self.kv_reused_calls = 0
         self._kv: _KVState | None = None
+        reason = kv_reuse_unsafe_reason(self.model)
+        if self.sampling.reuse_kv and reason:
+            logger.warning("reuse_kv disabled for %s: %s", self.name, reason)
+            self.sampling = replace(self.sampling, reuse_kv=False)
         self.set_seed(self.sampling.seed)
 
     @classmethod
@@ -121,6 +147,29 @@ class TransformersAgent(Agent):
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, trust_remote_code=trust_remote_code)
         return cls(model, tokenizer, name=name_or_path, **kwargs)
 
+    def _neutralize_generation_defaults(self) -> None:
+        """Give the model a bare generation config, so only :class:`SamplingConfig` shapes sampling.
+
+        ``generate`` fills every unset field of the config we pass from
+        ``model.generation_config``, and checkpoints ship defaults such as
+        ``repetition_penalty`` or ``no_repeat_ngram_size``. Sampling would then differ from
+        the distribution the stored log-probabilities describe, so those defaults are dropped
+        (with a warning naming them).
+        """
+        old = self.model.generation_config
+        bare = GenerationConfig(
+            bos_token_id=old.bos_token_id, eos_token_id=old.eos_token_id, pad_token_id=old.pad_token_id,
+            decoder_start_token_id=old.decoder_start_token_id,
+        )
+        keep = {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "transformers_version"}
+        dropped = sorted(k for k, v in old.to_diff_dict().items() if k not in keep)
+        if dropped:
+            logger.warning(
+                "TransformersAgent ignores the model's generation defaults %s: sampling follows SamplingConfig only, "
+                "so it matches the stored log-probabilities.", dropped,
+            )
+        self.model.generation_config = bare
+
     # -- Agent API ---------------------------------------------------------
     def set_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
@@ -133,7 +182,22 @@ class TransformersAgent(Agent):
     def act(self, request: AgentRequest) -> tuple[Action, Any]:
         return self._single(request)
 
-    def act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any]]:
+    def act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any] | Exception]:
+        """One batched generation for all ``requests``.
+
+        If the batch fails (out of memory, one prompt too long for the model, ...), it is
+        split in halves and retried, so only the requests that fail alone get their
+        exception back; the others are answered.
+        """
+        try:
+            return self._act_batch(requests)
+        except Exception as exc:
+            if len(requests) == 1:
+                return [exc]
+            mid = len(requests) // 2
+            return self.act_batch(requests[:mid]) + self.act_batch(requests[mid:])
+
+    def _act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any]]:
         if not requests:
             return []
         if self.sampling.backend == "continuous":
@@ -289,11 +353,12 @@ class TransformersAgent(Agent):
             continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True),
             progress_bar=False,
         )
-        results = list(outputs.values())
         by_prompt: dict[int, Any] = {}
         for key, o in outputs.items():
             by_prompt[int(str(key).rsplit("_", 1)[-1])] = o
-        ordered = [by_prompt[i] for i in range(len(prompts))] if len(by_prompt) == len(prompts) else results
+        if sorted(by_prompt) != list(range(len(prompts))):
+            raise RuntimeError(f"continuous batching returned request ids {sorted(outputs)}; cannot match them to the {len(prompts)} prompts.")
+        ordered = [by_prompt[i] for i in range(len(prompts))]
         for o in ordered:
             if o.error:
                 raise RuntimeError(f"continuous batching request {o.request_id} failed: {o.error}")
