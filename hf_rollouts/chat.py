@@ -107,20 +107,26 @@ class ChatDelta:
         If the agent sampled an end-of-turn token that the closing text starts
         with, only the remainder is needed; otherwise the whole closing.
         """
-        closing = self.assistant_closing
+        return self._after_sampled_stop(self.assistant_closing, agent_ids)
+
+    def _after_sampled_stop(self, text: str, agent_ids: list[int]) -> str:
+        """``text`` minus the end-of-turn token the agent already sampled, if it starts with it."""
         if agent_ids and agent_ids[-1] in self.stop_token_ids:
             stop_text = self.tokenizer.convert_ids_to_tokens(agent_ids[-1])
-            if closing.startswith(stop_text):
-                return closing[len(stop_text) :]
-        return closing
+            if text.startswith(stop_text):
+                return text[len(stop_text) :]
+        return text
 
     def user_delta_ids(self, content: str, agent_ids: list[int], role: str = "user") -> list[int]:
-        """Ids that close the agent's turn and add one new ``role`` message plus the generation prompt."""
+        """Ids that close the agent's turn and add one new ``role`` message plus the generation prompt.
+
+        The delta is read from one render of ``[dummy user, dummy assistant, new message]``:
+        everything after the dummy assistant's content, i.e. the closing of an assistant turn
+        *that is no longer the last one* (templates such as Qwen3's render the last assistant
+        turn differently), the new message, and the generation prompt.
+        """
         with_user = self.render(self._dummy_context + [{"role": role, "content": content}], add_generation_prompt=True)
-        base = self._dummy_render
-        if not with_user.startswith(base):
-            raise ChatTemplateError(
-                "The chat template is not append-only for a new user message after an assistant message, "
-                "so turns cannot be added as deltas. Use a template whose past turns render the same when a turn is added."
-            )
-        return self.encode(self.closing_rest(agent_ids) + with_user[len(base) :])
+        at = with_user.find(_DUMMY_ASSISTANT)
+        if at < 0:
+            raise ChatTemplateError("The chat template drops past assistant messages; it cannot be used for multi-turn rollouts.")
+        return self.encode(self._after_sampled_stop(with_user[at + len(_DUMMY_ASSISTANT) :], agent_ids))

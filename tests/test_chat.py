@@ -81,3 +81,23 @@ def test_tokenizer_without_template_or_pad_is_rejected_with_a_fix():
     tok.pad_token = None
     with pytest.raises(ChatTemplateError, match="pad_token"):
         ChatDelta(tok)
+
+
+QWEN3_LIKE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' and loop.last %}<think>\n\n</think>\n\n{% endif %}"
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_template_that_renders_the_last_assistant_turn_differently(chatml_tokenizer):
+    """Qwen3 adds an empty think block to the last assistant turn only; deltas must not depend on it."""
+    chatml_tokenizer.chat_template = QWEN3_LIKE
+    try:
+        chat = ChatDelta(chatml_tokenizer)
+        end = chatml_tokenizer.convert_tokens_to_ids("<|im_end|>")
+        delta = chat.user_delta_ids("No.", chat.encode("Is it alive?") + [end])
+        assert chatml_tokenizer.decode(delta) == "\n<|im_start|>user\nNo.<|im_end|>\n<|im_start|>assistant\n"
+    finally:
+        chatml_tokenizer.chat_template = CHATML
