@@ -64,6 +64,7 @@ class GenerateArgs:
     on_error: str = field(default="record", metadata={"help": "record failed episodes as status 'error', or raise.", "choices": ["record", "raise"]})
     allow_env_module: list[str] = field(default_factory=list, metadata={"help": "Module prefix(es) outside hf_rollouts.envs whose env classes may be imported (runs their code)."})
     logprob_dtype: str = field(default="float32", metadata={"help": "Storage of padded_logprobs: float32 (exact) or float16 (about half the bytes of that column, ~1e-3 relative error).", "choices": ["float32", "float16"]})
+    allow_env_model: list[str] = field(default_factory=list, metadata={"help": "Model/endpoint spec(s) that task rows may name in env_config (e.g. a Twenty Questions gamemaster_model)."})
     push_to_hub: str | None = field(default=None, metadata={"help": "Also push data and card to this Hub dataset repo."})
     private: bool = field(default=False, metadata={"help": "Create the Hub repo as private."})
     cache_dir: str | None = field(default=None, metadata={"help": "Shard cache directory (default ~/.cache/hf_rollouts/rollouts)."})
@@ -142,6 +143,7 @@ def cmd_generate(argv: list[str]) -> int:
         batch_size=args.batch_size,
         shard_size=args.shard_size,
         allowed_env_modules=args.allow_env_module,
+        allowed_env_models=args.allow_env_model,
         max_concurrency=args.max_concurrency,
         on_error=args.on_error,
         cache_dir=args.cache_dir,

@@ -193,6 +193,7 @@ def generate_rollouts(
     shard_size: int = 256,
     tokenizer: PreTrainedTokenizerBase | None = None,
     allowed_env_modules: Iterable[str] = (),
+    allowed_env_models: Iterable[str] = (),
     max_concurrency: int | None = None,
     on_error: str = "record",
     cache_dir: str | Path | None = None,
@@ -212,6 +213,8 @@ def generate_rollouts(
             tokenizer of the model that samples, or stored ids would be meaningless.
         allowed_env_modules: module prefixes outside ``hf_rollouts.envs`` whose
             env classes may be imported (they run code: like ``trust_remote_code``).
+        allowed_env_models: model/endpoint specs that rows may name in an env's
+            ``model_config_keys`` (e.g. an LLM gamemaster); others are refused.
         max_concurrency: cap on episodes alive at once within a batch.
         on_error: ``"record"`` keeps failed episodes as status ``error``; ``"raise"`` aborts.
         cache_dir: where shard files go (default ``~/.cache/hf_rollouts/rollouts``).
@@ -228,7 +231,7 @@ def generate_rollouts(
         raise ValueError(
             f"{type(agent).__name__} has no .tokenizer; pass tokenizer= (the tokenizer of the model whose tokens are stored)."
         )
-    classes = validate_tasks(tasks, allowed_env_modules)
+    classes = validate_tasks(tasks, allowed_env_modules, allowed_env_models)
     envs = _EnvCache(classes, tokenizer)
     for i, (path, config) in enumerate(zip(tasks["env_class_path"], tasks["env_config"])):
         try:

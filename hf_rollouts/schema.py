@@ -72,12 +72,17 @@ def resolve_env_class(path: str, allowed_env_modules: Iterable[str] = (), *, whe
     return cls
 
 
-def validate_tasks(tasks: Dataset, allowed_env_modules: Iterable[str] = ()) -> dict[str, "type[MultistepEnv]"]:
+def validate_tasks(
+    tasks: Dataset, allowed_env_modules: Iterable[str] = (), allowed_env_models: Iterable[str] = ()
+) -> dict[str, "type[MultistepEnv]"]:
     """Check every row of a task dataset before any generation.
 
     Returns the resolved classes by path. Errors name the row index and the field.
+    ``allowed_env_models`` lists the model/endpoint specs that rows may name in an env's
+    ``model_config_keys`` (e.g. Twenty Questions' ``gamemaster_model``).
     """
     allowed = tuple(allowed_env_modules)
+    allowed_models = set(allowed_env_models)
     missing = [c for c in TASK_COLUMNS if c not in tasks.column_names]
     if missing:
         raise TaskValidationError(
@@ -96,6 +101,14 @@ def validate_tasks(tasks: Dataset, allowed_env_modules: Iterable[str] = ()) -> d
         path = row["env_class_path"]
         if path not in classes:
             classes[path] = resolve_env_class(path, allowed, where=f"row {i}, field 'env_class_path'")
+        for key in classes[path].model_config_keys:
+            value = row["env_config"].get(key)
+            if value is not None and value not in allowed_models:
+                raise TaskValidationError(
+                    f"row {i}: field 'env_config' names a model/endpoint in {key!r}: {value!r}. Loading or calling it "
+                    f"is not allowed by default. If you trust it, allow it: allowed_env_models=[{value!r}] "
+                    f"(CLI: --allow-env-model '{value}')."
+                )
     return classes
 
 

@@ -88,3 +88,21 @@ def test_untrusted_module_is_never_imported(tmp_path, monkeypatch):
     assert not marker.exists()
     classes = validate_tasks(ds, allowed_env_modules=["evil_pkg"])
     assert marker.read_text() == "imported" and classes["evil_pkg.envs.EvilEnv"].__name__ == "EvilEnv"
+
+
+def test_a_model_or_endpoint_named_in_task_data_needs_permission():
+    spec = "openai:http://attacker.invalid/v1#x"
+    config = {"gamemaster": "agent", "gamemaster_model": spec}
+    ds = to_task_dataset([{"env_class_path": "hf_rollouts.envs.twenty_questions.TwentyQuestionsEnv", "env_config": config,
+                           "task_data": {"solution": "clock"}}])
+    with pytest.raises(TaskValidationError, match=r"row 0: field 'env_config'.*gamemaster_model.*--allow-env-model"):
+        validate_tasks(ds)
+    assert validate_tasks(ds, allowed_env_models=[spec])
+
+
+def test_endpoint_gamemaster_from_config_never_gets_the_api_key(monkeypatch):
+    from hf_rollouts.envs.twenty_questions.llm_gamemaster import gamemaster_from_config
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    gm = gamemaster_from_config({"gamemaster_model": "openai:http://127.0.0.1:9/v1#x"})
+    assert not gm.agent._api_key

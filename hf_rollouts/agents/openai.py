@@ -188,10 +188,10 @@ class OpenAIChatAgent(Agent):
             self.stats = {k: 0 for k in ("requests", "attempts", "retries", "failures", "token_exact", "text_fallbacks", "token_mismatches")}
 
     @classmethod
-    def from_spec(cls, spec: str, *, tokenizer: Any = None, **kwargs: Any) -> "OpenAIChatAgent":
+    def from_spec(cls, spec: str, *, tokenizer: Any = None, api_key: str | None = None, **kwargs: Any) -> "OpenAIChatAgent":
         """Build from ``"openai:BASE_URL#MODEL"`` plus any other :class:`OpenAISettings` fields."""
         base_url, model = parse_openai_spec(spec)
-        return cls(OpenAISettings(base_url=base_url, model=model, **kwargs), tokenizer=tokenizer)
+        return cls(OpenAISettings(base_url=base_url, model=model, **kwargs), tokenizer=tokenizer, api_key=api_key)
 
     # -- pickling / lifetime -----------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:

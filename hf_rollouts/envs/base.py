@@ -56,6 +56,10 @@ class MultistepEnv(ABC):
 
     name: ClassVar[str] = ""
     default_max_turns: ClassVar[int] = 10
+    model_config_keys: ClassVar[tuple[str, ...]] = ()
+    """``env_config`` keys whose values name a model to load or an endpoint to call. Task
+    data may only use values the caller allows (``allowed_env_models``): like code, a
+    model or host named by a stranger's dataset is not trusted by default."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
         if env_config is not None and not isinstance(env_config, dict):

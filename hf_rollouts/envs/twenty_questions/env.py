@@ -45,6 +45,7 @@ class TwentyQuestionsState:
 class TwentyQuestionsEnv(MultistepEnv):
     name = "twenty_questions"
     default_max_turns = 20
+    model_config_keys = ("gamemaster_model",)
 
     def __init__(
         self,

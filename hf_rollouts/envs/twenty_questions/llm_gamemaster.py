@@ -127,8 +127,10 @@ def gamemaster_from_config(env_config: dict[str, Any], tokenizer: Any = None) ->
     if spec.startswith("openai:"):
         from ...agents.openai import OpenAIChatAgent
 
+        # api_key="": a host named in (possibly untrusted) task data never receives the user's API key;
+        # pass an AgentGamemaster built by hand for an authenticated endpoint.
         agent: Agent = OpenAIChatAgent.from_spec(
-            spec, temperature=temperature, max_tokens=max_tokens, request_token_ids=False, request_logprobs=False
+            spec, api_key="", temperature=temperature, max_tokens=max_tokens, request_token_ids=False, request_logprobs=False
         )
     else:
         from ...agents.hf import SamplingConfig
