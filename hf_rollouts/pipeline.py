@@ -117,6 +117,9 @@ class _EnvCache:
         self.classes, self.tokenizer = classes, tokenizer
         self._envs: dict[tuple[str, str], MultistepEnv] = {}
 
+    def fingerprints(self) -> dict[str, Any]:
+        return {f"{path}|{config}": env.fingerprint() for (path, config), env in sorted(self._envs.items())}
+
     def get(self, path: str, config: dict[str, Any]) -> MultistepEnv:
         key = (path, _canonical(config))
         if key not in self._envs:
@@ -169,11 +172,14 @@ def _quiet_datasets_bars() -> Iterator[None]:
             datasets.enable_progress_bars()
 
 
-def rollout_fingerprint(tasks: Dataset, agent: Agent, tokenizer: PreTrainedTokenizerBase, opts: RolloutOptions) -> str:
-    """Hash of everything that changes :func:`generate_rollouts`' output."""
+def rollout_fingerprint(
+    tasks: Dataset, agent: Agent, tokenizer: PreTrainedTokenizerBase, opts: RolloutOptions, envs: dict[str, Any] | None = None
+) -> str:
+    """Hash of everything that changes :func:`generate_rollouts`' output (``envs``: each env's fingerprint)."""
     payload = _canonical(
         {
             "tasks": tasks._fingerprint,
+            "envs": envs or {},
             "agent": agent.fingerprint(),
             "tokenizer": tokenizer_fingerprint(tokenizer),
             "options": {k: getattr(opts, k) for k in ("num_rollouts", "seed", "batch_size", "shard_size", "on_error", "max_concurrency")},
@@ -239,7 +245,7 @@ def generate_rollouts(
         except Exception as exc:
             raise type(exc)(f"row {i}, field 'env_config': {path} rejected {config!r}: {exc}") from exc
 
-    fingerprint = rollout_fingerprint(tasks, agent, tokenizer, opts)
+    fingerprint = rollout_fingerprint(tasks, agent, tokenizer, opts, envs.fingerprints())
     cache = Path(cache_dir) if cache_dir is not None else default_rollout_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     num_shards = max(1, math.ceil(len(tasks) / shard_size))

@@ -139,3 +139,34 @@ def test_bad_input_fails_before_any_generation(tokenizer, tmp_path):
     with pytest.raises(ValueError, match="tokenizer="):
         generate_rollouts(to_task_dataset([good]), agent, 1)
     assert agent.calls == 0
+
+
+def test_cache_key_covers_agents_that_cannot_describe_themselves(tasks, tokenizer, tmp_path):
+    from hf_rollouts.agents.base import Agent
+
+    class Fixed(Agent):  # no fingerprint override: its behaviour is unknown to the cache
+        def __init__(self, answer):
+            self.answer = answer
+
+        def get_action(self, messages, agent_state=None):
+            return self.answer, None
+
+    three = run(tasks.select(range(1)), Fixed("3 3 3 3"), tokenizer, tmp_path)
+    seven = run(tasks.select(range(1)), Fixed("1 1 1 1"), tokenizer, tmp_path)
+    assert three["conversations"][0][0][1]["content"] == "3 3 3 3"
+    assert seven["conversations"][0][0][1]["content"] == "1 1 1 1"  # not the first agent's cached samples
+    lam = run(tasks.select(range(1)), ScriptedAgent(lambda m: "2 2 2 2"), tokenizer, tmp_path)
+    assert lam["conversations"][0][0][1]["content"] == "2 2 2 2"
+
+
+def test_cache_key_covers_the_env_implementation(tasks, tokenizer, tmp_path, monkeypatch):
+    from hf_rollouts.pipeline import RolloutOptions, _EnvCache, rollout_fingerprint
+    from hf_rollouts.schema import validate_tasks
+
+    agent, opts = ScriptedAgent(["1"]), RolloutOptions(num_rollouts=1)
+    envs = _EnvCache(validate_tasks(tasks), tokenizer)
+    for path, config in zip(tasks["env_class_path"], tasks["env_config"]):
+        envs.get(path, config)
+    before = rollout_fingerprint(tasks, agent, tokenizer, opts, envs.fingerprints())
+    monkeypatch.setattr(MastermindEnv, "fingerprint", lambda self: {"source": "edited"})
+    assert rollout_fingerprint(tasks, agent, tokenizer, opts, envs.fingerprints()) != before

@@ -64,8 +64,19 @@ class Agent(ABC):
         """Everything about this agent that changes its outputs, as JSON-able data.
 
         The pipeline hashes this into the dataset cache fingerprint, so two agents
-        with equal fingerprints must sample the same way.
+        with equal fingerprints must sample the same way. The default cannot know what
+        a subclass does, so it is unique per instance: a new agent object never gets
+        an older one's cached samples. Override it (starting from :meth:`_identity`)
+        to make results cacheable across runs.
         """
+        if not hasattr(self, "_instance_nonce"):
+            import uuid
+
+            self._instance_nonce = uuid.uuid4().hex
+        return {**self._identity(), "instance": self._instance_nonce}
+
+    def _identity(self) -> dict[str, Any]:
+        """The agent's class, for subclasses whose fingerprint fully describes their behaviour."""
         return {"agent": f"{type(self).__module__}.{type(self).__qualname__}"}
 
     def describe(self) -> dict[str, Any]:

@@ -213,7 +213,7 @@ class TransformersAgent(Agent):
 
     def fingerprint(self) -> dict[str, Any]:
         return {
-            **super().fingerprint(),
+            **self._identity(),
             "model": self.name,
             "num_parameters": sum(p.numel() for p in self.model.parameters()),
             "weights_probe": self.weights_probe(),

@@ -259,7 +259,7 @@ class OpenAIChatAgent(Agent):
     def fingerprint(self) -> dict[str, Any]:
         s = self.settings
         return {
-            **super().fingerprint(),
+            **self._identity(),
             "base_url": s.base_url,
             "model": s.model,
             "sampling": self._sampling(),

@@ -48,5 +48,6 @@ class ScriptedAgent(Agent):
         return self.responses[min(turn, len(self.responses) - 1)], turn + 1
 
     def fingerprint(self) -> dict[str, Any]:
-        script = getattr(self.responses, "__qualname__", None) if callable(self.responses) else list(self.responses)
-        return {**super().fingerprint(), "script": script, "fail_at": sorted(self.fail_at)}
+        if callable(self.responses):  # a function's behaviour cannot be hashed: never share its cache
+            return {**super().fingerprint(), "fail_at": sorted(self.fail_at)}
+        return {**self._identity(), "script": list(self.responses), "fail_at": sorted(self.fail_at)}

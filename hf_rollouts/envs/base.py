@@ -102,6 +102,25 @@ class MultistepEnv(ABC):
         Train and eval tasks must be disjoint.
         """
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What besides ``env_config`` shapes this env's episodes, for the pipeline's cache key.
+
+        Default: a hash of the source files of the env's classes (so editing an env's code
+        invalidates cached rollouts). Subclasses add data files or dependency versions.
+        """
+        import hashlib
+        import inspect
+
+        digest = hashlib.sha256()
+        for cls in type(self).__mro__:
+            if cls is object or not issubclass(cls, MultistepEnv):
+                continue
+            try:
+                digest.update(open(inspect.getfile(cls), "rb").read())
+            except (OSError, TypeError):
+                digest.update(cls.__qualname__.encode())
+        return {"source": digest.hexdigest()[:16]}
+
     # -- datasets (R1, R3) -----------------------------------------------------
     def get_train_dataset(self, num_tasks: int | None = None) -> Dataset:
         """Task rows ``{env_class_path, env_config, task_data}`` for training."""

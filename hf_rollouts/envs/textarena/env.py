@@ -349,6 +349,15 @@ class TextArenaEnv(MultistepEnv):
                 out.append((seed, key))
         return out
 
+    def fingerprint(self) -> dict[str, Any]:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            textarena_version = version("textarena")
+        except PackageNotFoundError:
+            textarena_version = None
+        return {**super().fingerprint(), "textarena": textarena_version}
+
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}.")

@@ -74,6 +74,14 @@ class TwentyQuestionsEnv(MultistepEnv):
                 gamemaster = KnowledgeBaseGamemaster(self.kb)
         self.gamemaster = gamemaster
 
+    def fingerprint(self) -> dict[str, Any]:
+        import hashlib
+        import json
+
+        kb = hashlib.sha256(json.dumps(self.kb.objects, sort_keys=True).encode()).hexdigest()[:16]
+        gm = self.gamemaster.fingerprint() if hasattr(self.gamemaster, "fingerprint") else type(self.gamemaster).__qualname__
+        return {**super().fingerprint(), "knowledge_base": kb, "gamemaster": gm}
+
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
         objects = list(self.kb.hardcore if self.hardcore else self.kb.basic)
         self._rng("tasks", self.hardcore).shuffle(objects)

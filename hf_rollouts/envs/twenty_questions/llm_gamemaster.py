@@ -76,6 +76,10 @@ class AgentGamemaster:
         self._counter_lock = threading.Lock()
         self._agent_lock = None if getattr(agent, "thread_safe", False) else threading.Lock()
 
+    def fingerprint(self) -> dict[str, Any]:
+        """The answering agent and prompt: a different gamemaster plays a different game."""
+        return {"agent": self.agent.fingerprint(), "system_prompt": self.system_prompt}
+
     def messages(self, question: str, solution: str) -> list[dict[str, str]]:
         """The chat sent to the agent for one question."""
         return [
