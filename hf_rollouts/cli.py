@@ -31,7 +31,7 @@ def _json_dict(text: str | None, flag: str) -> dict[str, Any]:
 
 @dataclass
 class TasksArgs:
-    env: str = field(metadata={"help": "Environment short name (twenty_questions, mastermind, guess_number), textarena:GAME-ID, or class path."})
+    env: str = field(metadata={"help": "Environment short name (twenty_questions, mastermind, guess_number), textarena:GAME-ID, or a class path under hf_rollouts.envs."})
     output: str = field(metadata={"help": "Directory to write the task dataset to (save_to_disk)."})
     split: str = field(default="train", metadata={"help": "train or eval (disjoint task sets).", "choices": ["train", "eval"]})
     num_tasks: int | None = field(default=None, metadata={"help": "Number of tasks (default: all of the split)."})
@@ -59,7 +59,7 @@ class GenerateArgs:
     no_reuse_kv: bool = field(default=False, metadata={"help": "Prefill the whole history every turn instead of keeping the KV cache between turns."})
     seed: int = field(default=0, metadata={"help": "Sampling seed; a new seed always gives fresh samples."})
     batch_size: int = field(default=16, metadata={"help": "Tasks per map batch; their episodes share each generation call."})
-    shard_size: int = field(default=256, metadata={"help": "Tasks per resumable cache shard."})
+    shard_size: int = field(default=64, metadata={"help": "Tasks per resumable cache shard (and per unit of work between processes)."})
     max_concurrency: int | None = field(default=None, metadata={"help": "Cap on concurrent episodes per batch."})
     on_error: str = field(default="record", metadata={"help": "record failed episodes as status 'error', or raise.", "choices": ["record", "raise"]})
     allow_env_module: list[str] = field(default_factory=list, metadata={"help": "Module prefix(es) outside hf_rollouts.envs whose env classes may be imported (runs their code)."})
@@ -151,19 +151,20 @@ def cmd_generate(argv: list[str]) -> int:
     state = process_state()
     if not state.is_main_process:
         return 0
+    ds = with_logprob_dtype(ds, args.logprob_dtype)
     info = {**agent.describe(), "tokenizer": agent.tokenizer.name_or_path or args.model}
     card = render_card(
         ds, agent_info=info, seed=args.seed, pad_token_id=agent.tokenizer.pad_token_id,
         load_path=args.push_to_hub or str(Path(args.output).resolve()),
     )
-    save_rollouts(ds, args.output, card, logprob_dtype=args.logprob_dtype)
+    save_rollouts(ds, args.output, card)
     agent.tokenizer.save_pretrained(str(Path(args.output) / "tokenizer"))
     stats = compute_stats(ds)
     print(f"\nwrote {len(ds)} tasks x {args.num_rollouts} rollouts to {args.output} (card: {Path(args.output) / 'README.md'})")
     for key, value in stats.table():
         print(f"  {key:<22} {value}")
     if args.push_to_hub:
-        url = push_rollouts(with_logprob_dtype(ds, args.logprob_dtype), args.push_to_hub, card, private=args.private)
+        url = push_rollouts(ds, args.push_to_hub, card, private=args.private)
         print(f"pushed to {url}")
     return 0
 

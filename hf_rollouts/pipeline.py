@@ -98,7 +98,7 @@ class RolloutOptions:
     num_rollouts: int
     seed: int = 0
     batch_size: int = 16
-    shard_size: int = 256
+    shard_size: int = 64
     max_concurrency: int | None = None
     on_error: str = "record"
 
@@ -196,7 +196,7 @@ def generate_rollouts(
     *,
     seed: int = 0,
     batch_size: int = 16,
-    shard_size: int = 256,
+    shard_size: int = 64,
     tokenizer: PreTrainedTokenizerBase | None = None,
     allowed_env_modules: Iterable[str] = (),
     allowed_env_models: Iterable[str] = (),
@@ -214,7 +214,8 @@ def generate_rollouts(
         num_rollouts: episodes per task (one GRPO group per row).
         seed: seeds the agent's sampling, per map batch.
         batch_size: task rows per map batch; all their episodes run concurrently.
-        shard_size: task rows per resumable cache file.
+        shard_size: task rows per resumable cache file. Shards are also the unit of work
+            between processes: with N processes, keep ``len(tasks) / shard_size >= N``.
         tokenizer: the env tokenizer; default ``agent.tokenizer``. It must be the
             tokenizer of the model that samples, or stored ids would be meaningless.
         allowed_env_modules: module prefixes outside ``hf_rollouts.envs`` whose
@@ -231,6 +232,8 @@ def generate_rollouts(
         TaskValidationError: for a malformed row or an untrusted/unknown env class,
             before any generation.
     """
+    if len(tasks) == 0:
+        raise ValueError("The task dataset is empty: nothing to play. Make tasks with an env's get_train_dataset() or `hf-rollouts tasks`.")
     opts = RolloutOptions(num_rollouts, seed, batch_size, shard_size, max_concurrency, on_error)
     tokenizer = tokenizer if tokenizer is not None else getattr(agent, "tokenizer", None)
     if tokenizer is None:

@@ -130,6 +130,13 @@ def run_episodes(
     """
     if not jobs:
         return []
+    try:
+        return _run(jobs, agent, max_concurrency, on_error, on_episode_end)
+    finally:
+        agent.episodes_done()
+
+
+def _run(jobs, agent, max_concurrency, on_error, on_episode_end) -> list[dict[str, Any]]:
     workers = len(jobs) if max_concurrency is None else max(1, min(max_concurrency, len(jobs)))
     if workers == 1:
         results = []
@@ -148,7 +155,7 @@ def run_episodes(
 
     def worker() -> None:
         try:
-            while True:
+            while not failures:  # after a failure under on_error="raise", start no new episode
                 try:
                     job = todo.get_nowait()
                 except queue.Empty:

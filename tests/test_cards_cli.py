@@ -46,10 +46,11 @@ def test_cli_tasks_generate_inspect(tmp_path, capsys):
     tasks = load_from_disk(str(tasks_dir))
     assert len(tasks) == 3 and tasks[0]["env_config"] == {"max_turns": 2}
     args = ["generate", "--tasks", str(tasks_dir), "--num-rollouts", "2", "--model", "tiny", "--max-new-tokens", "8",
-            "--temperature", "0.9", "--seed", "3", "--output", str(out_dir), "--cache-dir", str(tmp_path / "cache")]
+            "--temperature", "0.9", "--seed", "3", "--logprob-dtype", "float16", "--output", str(out_dir), "--cache-dir", str(tmp_path / "cache")]
     assert main(args) == 0
     card = (out_dir / "README.md").read_text()
     assert '"temperature": 0.9, "top_p": 1.0, "max_new_tokens": 8, "seed": 3, "reuse_kv": true, "backend": "generate"' in card
+    assert "| `padded_logprobs` | `List(List(Value('float16')))` |" in card  # the card describes what was stored
     printed = capsys.readouterr().out
     assert "wrote 3 tasks x 2 rollouts" in printed and "pass@2" in printed
     ds = load_from_disk(str(out_dir))

@@ -75,3 +75,19 @@ def test_one_failed_request_fails_only_its_own_episode(tokenizer, recording):
     assert watch.batch_sizes[0] == 6  # the failure happened inside a shared batch
     assert out["statuses"].count("error") == 1 and out["statuses"][1] == "error"
     assert all(s == "truncated" for i, s in enumerate(out["statuses"]) if i != 1)
+
+
+def test_on_error_raise_stops_starting_new_episodes(tokenizer):
+    import pytest
+
+    env = MastermindEnv(tokenizer, {"max_turns": 2})
+    agent = ScriptedAgent(["1 1 1 1"], fail_at={0})
+    with pytest.raises(RuntimeError, match="scripted failure"):
+        env.run_trial(TASKS * 2, agent, num_rollouts=2, max_concurrency=2, on_error="raise")
+    assert agent.calls < 6  # 12 episodes x 2 turns would be 24 calls
+
+
+def test_kv_cache_is_released_when_the_episodes_end(tokenizer, hf_agent):
+    env = MastermindEnv(tokenizer, {"max_turns": 2})
+    env.run_trial(TASKS, hf_agent, num_rollouts=2)
+    assert hf_agent.kv_reused_calls == 1 and hf_agent._kv is None

@@ -170,3 +170,8 @@ def test_cache_key_covers_the_env_implementation(tasks, tokenizer, tmp_path, mon
     before = rollout_fingerprint(tasks, agent, tokenizer, opts, envs.fingerprints())
     monkeypatch.setattr(MastermindEnv, "fingerprint", lambda self: {"source": "edited"})
     assert rollout_fingerprint(tasks, agent, tokenizer, opts, envs.fingerprints()) != before
+
+
+def test_empty_task_dataset_is_a_clear_error(tasks, tokenizer, tmp_path):
+    with pytest.raises(ValueError, match="task dataset is empty"):
+        run(tasks.select([]), ScriptedAgent(["1"]), tokenizer, tmp_path)

@@ -46,6 +46,9 @@ class Agent(ABC):
                 out.append(exc)
         return out
 
+    def episodes_done(self) -> None:
+        """Every episode of a run has ended: release per-episode state (e.g. a KV cache). Default: none."""
+
     def _single(self, request: AgentRequest) -> tuple[Action, Any]:
         """:meth:`act` for batch-native agents: one-request ``act_batch``, failures re-raised."""
         (result,) = self.act_batch([request])

@@ -171,6 +171,9 @@ class TransformersAgent(Agent):
         self.model.generation_config = bare
 
     # -- Agent API ---------------------------------------------------------
+    def episodes_done(self) -> None:
+        self._kv = None  # free the batch's KV cache (e.g. before an optimizer step)
+
     def set_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
         self._kv = None  # new episodes (and perhaps new weights): never reuse KV computed before

@@ -46,8 +46,9 @@ class MultistepEnv(ABC):
     Common ``env_config`` keys (subclasses add their own):
 
     * ``max_turns`` (int): agent turns before the episode is truncated.
-    * ``max_episode_tokens`` (int | None): truncate before a turn whose prompt
-      would exceed this many tokens.
+    * ``max_episode_tokens`` (int | None): truncate (status ``truncated``) before an agent
+      turn once the prompt has reached this many tokens; the stored sequence can exceed it
+      by at most one turn's sampled tokens.
     * ``reward_placement`` (``"last"`` | ``"spread"``): see
       :data:`hf_rollouts.trajectory.REWARD_PLACEMENTS`.
     * ``system_prompt`` (str | None): overrides :meth:`_system_prompt`.
