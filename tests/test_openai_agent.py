@@ -122,7 +122,7 @@ def request(text="Guess the code.", session="s"):
 class TinyModelServer(LoopbackServer):
     """``/v1/chat/completions`` by the tiny model, answering like vLLM with ``return_token_ids``/``logprobs``."""
 
-    def __init__(self, model, tokenizer, *, bad_prompt_ids=False):
+    def __init__(self, model, tokenizer, *, bad_prompt_ids=False, omit_prompt_ids=False):
         from hf_rollouts.agents.hf import TransformersAgent
         from hf_rollouts.chat import ChatDelta
 
@@ -130,6 +130,7 @@ class TinyModelServer(LoopbackServer):
         self.chat = ChatDelta(tokenizer)
         self.answers: list[dict] = []
         self.bad_prompt_ids = bad_prompt_ids
+        self.omit_prompt_ids = omit_prompt_ids
         self._model_lock = threading.Lock()
         super().__init__(self._respond)
 
@@ -144,7 +145,8 @@ class TinyModelServer(LoopbackServer):
         payload = {"id": f"cmpl-{index}", "object": "chat.completion", "model": body["model"], "choices": [choice]}
         if body.get("return_token_ids"):
             choice["token_ids"] = action.token_ids
-            payload["prompt_token_ids"] = [0] + prompt_ids if self.bad_prompt_ids else prompt_ids
+            if not self.omit_prompt_ids:
+                payload["prompt_token_ids"] = [0] + prompt_ids if self.bad_prompt_ids else prompt_ids
         if body.get("logprobs"):
             tokens = self.model_agent.tokenizer.convert_ids_to_tokens(action.token_ids)
             choice["logprobs"] = {"content": [{"token": t, "logprob": lp} for t, lp in zip(tokens, action.logprobs)]}
@@ -444,3 +446,17 @@ def test_api_key_is_sent_and_agent_pickles(monkeypatch):
         clone = pickle.loads(pickle.dumps(agent))
         assert clone.act(request())[0].text == "1 2 3 4"
     assert seen == ["Bearer sk-test", "Bearer sk-test"]
+
+
+def test_later_turns_without_prompt_ids_are_not_trusted_as_exact(tiny, tokenizer):
+    with TinyModelServer(*tiny, omit_prompt_ids=True) as server:
+        env = MastermindEnv(tokenizer, {"max_turns": 2})
+        agent = OpenAIChatAgent(base_url=server.url, model="tiny", max_tokens=6, tokenizer=tokenizer)
+        out = env.run_trial([{"code": [6, 6, 6, 6]}], agent, num_rollouts=1)
+        assert out["num_turns"] == [2]
+        mask, sampled = out["padded_agent_token_mask"][0], out["padded_sampled_token_mask"][0]
+        turns = [i for i, m in enumerate(mask) if m]
+        first_turn_end = next(i for i in range(turns[0], len(mask)) if not mask[i])
+        assert all(sampled[i] for i in range(turns[0], first_turn_end))  # turn 1: the server saw what we stored
+        assert not any(sampled[i] for i in turns if i >= first_turn_end)  # turn 2: unverifiable context -> text
+        assert agent.stats["token_mismatches"] == 1

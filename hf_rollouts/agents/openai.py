@@ -26,6 +26,12 @@ depends on the server:
 * on any such mismatch, ``on_token_mismatch`` decides: ``"text"`` (default)
   drops the ids and log-probabilities and returns the text only, ``"keep"``
   keeps them, ``"error"`` raises (the episode is recorded as ``error``);
+* from the second turn on, ids are only trusted if the server also returns the prompt
+  ids it conditioned on (and they match); otherwise the turn falls back to text;
+* log-probabilities are stored as the server reports them. hf_rollouts' own convention
+  is ``log_softmax(logits / temperature)``; recent vLLM versions report raw (unscaled)
+  log-probabilities unless configured otherwise (see vLLM's ``logprobs_mode``), so at
+  temperature != 1 check that setting before training on the ratios;
 * a server that returns no ids (OpenAI's API, ``transformers serve``, TGI) gives
   text only: ``Action(text, token_ids=None)``; the environment then tokenizes
   the text once with the env tokenizer and the stored log-probabilities of those
@@ -429,6 +435,10 @@ class OpenAIChatAgent(Agent):
         return Action(text=text, token_ids=ids, logprobs=logprobs, stopped=stopped)
 
     def _check_ids(self, ids: list[int], text: str, prompt_ids: list[int] | None, request: AgentRequest) -> str | None:
+        if prompt_ids is None and any(m.get("role") == "assistant" for m in request.messages):
+            # the server re-rendered earlier answers from their text; without its prompt ids we
+            # cannot tell whether it conditioned on the stored sequence
+            return "the server returned no prompt ids, so the context of a later turn cannot be checked"
         if prompt_ids is not None and request.prompt_token_ids and prompt_ids != list(request.prompt_token_ids):
             at = next((i for i, (a, b) in enumerate(zip(prompt_ids, request.prompt_token_ids)) if a != b), min(len(prompt_ids), len(request.prompt_token_ids)))
             return (
