@@ -4,8 +4,8 @@ Each episode runs as the plain sequential loop of
 :meth:`~hf_rollouts.envs.base.MultistepEnv._run_complete_episode`, in its own
 worker thread. The agent those loops see is a :class:`_BatchSlot`: its ``act``
 parks the request in a :class:`LockstepBatcher` and blocks. When *every* live
-episode is parked, the batcher sends all parked requests to the real agent as
-one ``act_batch`` call (ordered by episode), hands out the answers, and the
+episode is parked, the calling thread sends all parked requests to the real agent
+as one ``act_batch`` call (ordered by episode), hands out the answers, and the
 loops go on. Episodes that finish simply stop taking part.
 
 Why lockstep rather than "flush after a timeout": the composition and order of
@@ -51,7 +51,13 @@ class _Parked:
 
 
 class LockstepBatcher:
-    """Collects one request from every live episode, then makes one agent call."""
+    """Collects one request from every live episode; the serving thread then makes one agent call.
+
+    Episode threads only park requests (:meth:`act`) and wait. The thread that called
+    :func:`run_episodes` runs :meth:`serve`, so every agent call happens on that one
+    thread: thread-local state (torch grad mode, CUDA stream, OpenMP team) is the
+    caller's, and on CPU no new thread pays to start its own OpenMP team.
+    """
 
     def __init__(self, agent: Agent, live: int) -> None:
         self.agent = agent
@@ -64,7 +70,7 @@ class LockstepBatcher:
         slot = _Parked(order, request)
         with self._cv:
             self._parked.append(slot)
-            self._flush_if_all_parked()
+            self._cv.notify_all()
             while not slot.ready:
                 self._cv.wait()
         if slot.error is not None:
@@ -75,13 +81,25 @@ class LockstepBatcher:
         """An episode worker has no more episodes to play."""
         with self._cv:
             self._live -= 1
-            self._flush_if_all_parked()
+            self._cv.notify_all()
 
-    def _flush_if_all_parked(self) -> None:
-        if not self._parked or len(self._parked) < self._live:
-            return
-        batch = sorted(self._parked, key=lambda s: s.order)
-        self._parked = []
+    def serve(self) -> None:
+        """Answer batches until every worker has left. Call from the thread that owns the agent."""
+        while True:
+            with self._cv:
+                while self._live > 0 and (not self._parked or len(self._parked) < self._live):
+                    self._cv.wait()
+                if self._live == 0 and not self._parked:
+                    return
+                batch = sorted(self._parked, key=lambda s: s.order)
+                self._parked = []
+            self._answer(batch)  # every live episode is parked: nothing else moves meanwhile
+            with self._cv:
+                for s in batch:
+                    s.ready = True
+                self._cv.notify_all()
+
+    def _answer(self, batch: list[_Parked]) -> None:
         self.batch_sizes.append(len(batch))
         try:
             results = self.agent.act_batch([s.request for s in batch])
@@ -95,9 +113,6 @@ class LockstepBatcher:
         except BaseException as exc:  # every episode of the batch records the failure
             for s in batch:
                 s.error = exc
-        for s in batch:
-            s.ready = True
-        self._cv.notify_all()
 
 
 class _BatchSlot(Agent):
@@ -174,6 +189,7 @@ def _run(jobs, agent, max_concurrency, on_error, on_episode_end) -> list[dict[st
     threads = [threading.Thread(target=worker, name=f"hf-rollouts-episode-{i}", daemon=True) for i in range(workers)]
     for t in threads:
         t.start()
+    batcher.serve()
     for t in threads:
         t.join()
     if failures:

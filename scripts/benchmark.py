@@ -19,6 +19,7 @@ Numbers vary run to run on a shared machine; compare ratios from the same run.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import os
 import resource
@@ -110,8 +111,9 @@ class CallLog:
 
 
 @torch.inference_mode()
-def replay(model, calls, pad_id: int, device, sampling: SamplingConfig) -> float:
-    """(c): the recorded generate calls on the bare model, with the same KV-cache reuse and step counts."""
+def replay(model, calls, generation_config, device) -> float:
+    """(c): the recorded generate calls on the bare model: same inputs, same generation config,
+    same KV-cache reuse and the same number of new tokens per call."""
     start = time.perf_counter()
     cache = None
     for call in calls:
@@ -120,11 +122,10 @@ def replay(model, calls, pad_id: int, device, sampling: SamplingConfig) -> float
             past = cache
             if call["select"] is not None:
                 past.batch_select_indices(call["select"])
-        out = model.generate(
-            input_ids=call["input_ids"], attention_mask=call["attention_mask"], past_key_values=past,
-            do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0,
-            max_new_tokens=call["steps"], min_new_tokens=call["steps"], pad_token_id=pad_id, return_dict_in_generate=True,
-        )
+        config = copy.deepcopy(generation_config)
+        config.max_new_tokens = config.min_new_tokens = call["steps"]
+        out = model.generate(input_ids=call["input_ids"], attention_mask=call["attention_mask"], past_key_values=past,
+                             generation_config=config)
         cache = out.past_key_values
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -186,7 +187,7 @@ def main() -> int:
         rows.append((f"(b) hf_rollouts [{backend}]", t_b, gen_b, agent.generate_calls - calls_before))
 
         log.close()
-        t_c = replay(agent.model, log.calls, tok.pad_token_id, agent.device, sampling)
+        t_c = replay(agent.model, log.calls, agent._generation_config(), agent.device)
         rows.append((f"(c) lower bound [{backend}]", t_c, gen_b, len(log.calls)))
         rows.append(("", 0, 0, 0))
         print(f"[{backend}] parquet: {disk} bytes for {positions} stored token positions "

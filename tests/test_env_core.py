@@ -359,3 +359,17 @@ def test_a_failing_request_is_isolated_from_its_batch(tokenizer, tiny, monkeypat
     results = agent.act_batch([AgentRequest([], prompt, session_id=s) for s in ("a", "bad", "c", "d")])
     assert isinstance(results[1], RuntimeError)
     assert all(not isinstance(r, Exception) and r[0].token_ids for i, r in enumerate(results) if i != 1)
+
+
+def test_only_sampling_defaults_are_warned_about(tmp_path, caplog):
+    from hf_rollouts.agents.hf import TransformersAgent
+    from hf_rollouts.models import build_tiny_model
+
+    model, tok = build_tiny_model(cache_dir=tmp_path)
+    with caplog.at_level("WARNING"):
+        TransformersAgent(model, tok)
+    assert "ignores the model's generation defaults" not in caplog.text  # use_cache & co. change nothing
+    model.generation_config.repetition_penalty = 1.3
+    with caplog.at_level("WARNING"):
+        TransformersAgent(model, tok)
+    assert "['repetition_penalty']" in caplog.text

@@ -27,6 +27,14 @@ from .base import Agent
 
 logger = logging.getLogger(__name__)
 
+_SAMPLING_FIELDS = frozenset(
+    "do_sample temperature top_k top_p min_p typical_p epsilon_cutoff eta_cutoff repetition_penalty "
+    "encoder_repetition_penalty no_repeat_ngram_size bad_words_ids suppress_tokens begin_suppress_tokens "
+    "min_length min_new_tokens max_length max_new_tokens forced_bos_token_id forced_eos_token_id sequence_bias "
+    "renormalize_logits exponential_decay_length_penalty guidance_scale watermarking_config".split()
+)
+"""Generation-config fields that change what is sampled (warned about when a model ships them)."""
+
 Backend = Literal["generate", "continuous"]
 
 
@@ -161,8 +169,7 @@ class TransformersAgent(Agent):
             bos_token_id=old.bos_token_id, eos_token_id=old.eos_token_id, pad_token_id=old.pad_token_id,
             decoder_start_token_id=old.decoder_start_token_id,
         )
-        keep = {"bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "transformers_version"}
-        dropped = sorted(k for k, v in old.to_diff_dict().items() if k not in keep)
+        dropped = sorted(k for k in old.to_diff_dict() if k in _SAMPLING_FIELDS)
         if dropped:
             logger.warning(
                 "TransformersAgent ignores the model's generation defaults %s: sampling follows SamplingConfig only, "
