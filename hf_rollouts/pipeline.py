@@ -301,8 +301,4 @@ def _expand_shard(
     )
 
 
-def rollout_columns() -> list[str]:
-    return list(ROLLOUT_FEATURES)
-
-
 __all__ = ["ROLLOUT_FEATURES", "RolloutOptions", "TASK_COLUMNS", "generate_rollouts", "rollout_fingerprint"]
