@@ -9,6 +9,7 @@ gloo group. The test checks that both really ran.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,10 @@ ARGS = ["--env", "mastermind", "--num-tasks", "6", "--num-rollouts", "2", "--env
 
 
 def test_two_cpu_processes_equal_one(tmp_path):
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+    with socket.socket() as s:  # a free port for the rendezvous, so parallel runs cannot collide
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
               str(ROOT / "scripts" / "generate.py")]
     proc = subprocess.run(
         launch + ARGS + ["--output", str(tmp_path / "two"), "--cache-dir", str(tmp_path / "c2")],
