@@ -31,6 +31,7 @@ COLUMN_HELP = {
     "padded_logprobs": "[rollout][token] sampling log-probability of agent tokens (0 elsewhere; null if the agent gave none)",
     "final_rewards": "[rollout] episode reward (NaN for errors)",
     "num_turns": "[rollout] agent turns played",
+    "num_cut_turns": "[rollout] agent turns cut by the token budget before an end-of-turn token",
     "statuses": "[rollout] `done`, `truncated` or `error`",
     "errors": "[rollout] error message when status is `error`",
     "conversations": "[rollout] readable chat messages of the episode",

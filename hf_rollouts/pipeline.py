@@ -57,6 +57,7 @@ ROLLOUT_FEATURES = Features(
         "padded_logprobs": List(List(Value("float32"))),
         "final_rewards": List(Value("float32")),
         "num_turns": List(Value("int32")),
+        "num_cut_turns": List(Value("int32")),
         "statuses": List(Value("string")),
         "errors": List(Value("string")),
         "conversations": List(List({"role": Value("string"), "content": Value("string")})),

@@ -26,6 +26,7 @@ class RolloutStats:
     solve_rate: float
     pass_at_k: float
     mean_turns: float
+    cut_turns: int
     mean_tokens: float
     mean_agent_tokens: float
     done: int
@@ -45,6 +46,7 @@ class RolloutStats:
             ("solve rate (pass@1)", f"{self.solve_rate:.4f}"),
             (f"pass@{k}", f"{self.pass_at_k:.4f}"),
             ("turns per episode", f"{self.mean_turns:.2f}"),
+            ("turns cut by the token budget", f"{self.cut_turns}"),
             ("tokens per episode", f"{self.mean_tokens:.1f} ({self.mean_agent_tokens:.1f} sampled by the agent)"),
             ("status counts", f"done {self.done}, truncated {self.truncated}, error {self.errors}"),
         ]
@@ -60,6 +62,7 @@ def compute_stats(ds: Dataset) -> RolloutStats:
     rewards, statuses, turns, tokens, agent_tokens, task_solved = [], [], [], [], [], []
     envs: Counter[str] = Counter()
     k = 0
+    cut_turns = sum(map(sum, ds["num_cut_turns"])) if "num_cut_turns" in ds.column_names else 0
     for row in cols:
         envs[_short_env(row["env_class_path"])] += 1
         k = max(k, len(row["final_rewards"]))
@@ -84,6 +87,7 @@ def compute_stats(ds: Dataset) -> RolloutStats:
         solve_rate=float(np.mean(solved)) if solved else math.nan,
         pass_at_k=float(np.mean(task_solved)) if task_solved else math.nan,
         mean_turns=float(np.mean(turns)) if turns else math.nan,
+        cut_turns=int(cut_turns),
         mean_tokens=float(np.mean(tokens)) if tokens else math.nan,
         mean_agent_tokens=float(np.mean(agent_tokens)) if agent_tokens else math.nan,
         done=count.get("done", 0),

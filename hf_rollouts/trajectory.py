@@ -44,6 +44,7 @@ class EpisodeRecorder:
         self.messages: list[Message] = []
         self.turns: list[Turn] = []
         self._last_agent_ids: list[int] = []
+        self.cut_turns = 0  # agent turns that hit the token budget before an end-of-turn token
 
     def _append(self, ids: Sequence[int], agent: bool, logprobs: Sequence[float] | None = None, sampled: bool = False) -> None:
         self.ids.extend(ids)
@@ -89,6 +90,7 @@ class EpisodeRecorder:
         self._last_agent_ids = ids
         self.messages.append({"role": "assistant", "content": action.text})
         self.turns.append(Turn(prompt_len=prompt_len, start=prompt_len, end=len(self.ids), action=action.text, reward=0.0))
+        self.cut_turns += int(not action.stopped)
         return action.text
 
     def reward_turn(self, reward: float, info: dict[str, Any] | None = None) -> None:
@@ -126,6 +128,7 @@ class EpisodeRecorder:
             status=status,
             error=error,
             num_turns=len(self.turns),
+            num_cut_turns=self.cut_turns,
             messages=self.messages,
             turns=self.turns,
         )
@@ -146,6 +149,7 @@ PER_ROLLOUT_KEYS = {
     # output key: episode key
     "final_rewards": "final_reward",
     "num_turns": "num_turns",
+    "num_cut_turns": "num_cut_turns",
     "statuses": "status",
     "errors": "error",
     "conversations": "messages",

@@ -115,6 +115,7 @@ class Episode:
     status: Status
     error: str | None
     num_turns: int
+    num_cut_turns: int
     messages: list[Message]
     turns: list[Turn]
 
@@ -144,6 +145,7 @@ class Episode:
             "final_reward": self.final_reward,
             "logprobs": self.logprobs,
             "num_turns": self.num_turns,
+            "num_cut_turns": self.num_cut_turns,
             "status": self.status,
             "error": self.error,
             "messages": self.messages,

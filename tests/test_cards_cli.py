@@ -37,6 +37,7 @@ def test_card_contents(tokenizer, tmp_path):
         assert f"`{column}`" in text
     assert "| solve rate (pass@1) | 0.5000 |" in text and "| pass@2 | 0.5000 |" in text
     assert "done 2, truncated 1, error 1" in text
+    assert "| turns cut by the token budget | 0 |" in text and "`num_cut_turns`" in text
     assert 'load_rollouts("user/rollouts"' in text and 'load_dataset("user/rollouts"' in text
 
 

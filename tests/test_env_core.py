@@ -373,3 +373,16 @@ def test_only_sampling_defaults_are_warned_about(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         TransformersAgent(model, tok)
     assert "['repetition_penalty']" in caplog.text
+
+
+def test_turns_cut_by_the_token_budget_are_counted(tokenizer, tiny):
+    from hf_rollouts.agents.hf import TransformersAgent
+
+    env = MastermindEnv(tokenizer, {"max_turns": 3})
+    agent = TransformersAgent(tiny[0], tokenizer, max_new_tokens=1)  # one token: almost never an end-of-turn
+    out = env.run_trial([{"code": [1, 2, 3, 4]}], agent, 2)
+    for cut, turns, ids, mask in zip(out["num_cut_turns"], out["num_turns"], out["padded_full_token_ids"], out["padded_agent_token_mask"]):
+        ended = sum(1 for t, m in zip(ids, mask) if m and t in agent.stop_ids)
+        assert cut == turns - ended  # every turn either sampled its end-of-turn token or was cut
+    ep = env._run_complete_episode("s", ScriptedAgent(["1 1 1 1"]), {"code": [2, 2, 2, 2]})
+    assert ep["num_cut_turns"] == 0  # text agents are never cut

@@ -85,6 +85,7 @@ def handmade_rollouts() -> Dataset:
                 "statuses": [r["status"] for r in group],
                 "errors": [r["error"] for r in group],
                 "conversations": [[{"role": "user", "content": "Guess."}] for _ in group],
+                "num_cut_turns": [0 for _ in group],
             }
         )
     unknown = set(ROLLOUT_FEATURES) - set(rows[0])
