@@ -45,7 +45,7 @@ from .agents.base import Agent
 from .distributed import process_state
 from .envs.base import MultistepEnv
 from .runner import run_episodes
-from .schema import TASK_COLUMNS, validate_tasks
+from .schema import TASK_COLUMNS, TaskValidationError, validate_tasks
 
 ROLLOUT_FEATURES = Features(
     {
@@ -247,7 +247,7 @@ def generate_rollouts(
         try:
             envs.get(path, config)  # build every env up front: bad configs fail before generation
         except Exception as exc:
-            raise type(exc)(f"row {i}, field 'env_config': {path} rejected {config!r}: {exc}") from exc
+            raise TaskValidationError(f"row {i}, field 'env_config': {path} rejected {config!r}: {exc}") from exc
 
     fingerprint = rollout_fingerprint(tasks, agent, tokenizer, opts, envs.fingerprints())
     cache = Path(cache_dir) if cache_dir is not None else default_rollout_cache_dir()

@@ -151,7 +151,13 @@ def run_episodes(
         agent.episodes_done()
 
 
-def _run(jobs, agent, max_concurrency, on_error, on_episode_end) -> list[dict[str, Any]]:
+def _run(
+    jobs: list[EpisodeJob],
+    agent: Agent,
+    max_concurrency: int | None,
+    on_error: str,
+    on_episode_end: Callable[[], None] | None,
+) -> list[dict[str, Any]]:
     workers = len(jobs) if max_concurrency is None else max(1, min(max_concurrency, len(jobs)))
     if workers == 1:
         results = []

@@ -175,3 +175,16 @@ def test_cache_key_covers_the_env_implementation(tasks, tokenizer, tmp_path, mon
 def test_empty_task_dataset_is_a_clear_error(tasks, tokenizer, tmp_path):
     with pytest.raises(ValueError, match="task dataset is empty"):
         run(tasks.select([]), ScriptedAgent(["1"]), tokenizer, tmp_path)
+
+
+def test_env_rejecting_its_config_is_reported_per_row_whatever_it_raises(tasks, tokenizer, tmp_path, monkeypatch):
+    class OddError(Exception):  # an exception whose constructor cannot be called with one message
+        def __init__(self, code, detail):
+            super().__init__(f"{code}: {detail}")
+
+    def refuse(self, tokenizer, env_config=None):
+        raise OddError(7, "unsupported option")
+
+    monkeypatch.setattr(MastermindEnv, "__init__", refuse)
+    with pytest.raises(TaskValidationError, match=r"row 0, field 'env_config'.*7: unsupported option"):
+        run(tasks, ScriptedAgent(["1"]), tokenizer, tmp_path)

@@ -384,4 +384,4 @@ class TransformersAgent(Agent):
     def _cut_at_stop(self, ids: list[int], logprobs: list[float]) -> tuple[list[int], list[float], bool]:
         """Keep ids up to and including the first stop id; drop the batch's padding after it."""
         n = self._stop_len(ids)
-        return ids[:n], logprobs[:n], n < len(ids) or (n > 0 and ids[n - 1] in self.stop_ids)
+        return ids[:n], logprobs[:n], n > 0 and ids[n - 1] in self.stop_ids
