@@ -3,10 +3,23 @@
 Task dataset in, token-exact padded trajectories out. See README.md.
 """
 
-from .agents import Agent, ScriptedAgent, TransformersAgent
+from ._version import __version__
+from .agents import Agent
+from .agents.hf import TransformersAgent
+from .agents.scripted import ScriptedAgent
 from .envs.base import MultistepEnv
-from .schema import TASK_FEATURES
+from .schema import ROLLOUT_COLUMNS, TASK_FEATURES
 from .types import Action, AgentRequest, Episode
 
-__version__ = "0.1.0"
-__all__ = ["Action", "Agent", "AgentRequest", "Episode", "MultistepEnv", "ScriptedAgent", "TASK_FEATURES", "TransformersAgent"]
+__all__ = [
+    "Action",
+    "Agent",
+    "AgentRequest",
+    "Episode",
+    "MultistepEnv",
+    "ROLLOUT_COLUMNS",
+    "ScriptedAgent",
+    "TASK_FEATURES",
+    "TransformersAgent",
+    "__version__",
+]

@@ -61,9 +61,7 @@ class ChatDelta:
             )
 
     def render(self, messages: list[Message], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
         """Tokenize raw text (special-token strings in it become special ids), adding nothing."""
@@ -87,7 +85,9 @@ class ChatDelta:
         rendered = self._dummy_render
         at = rendered.rfind(_DUMMY_ASSISTANT)
         if at < 0:
-            raise ChatTemplateError("The chat template drops assistant messages; it cannot be used for multi-turn rollouts.")
+            raise ChatTemplateError(
+                "The chat template drops assistant messages; it cannot be used for multi-turn rollouts."
+            )
         return rendered[at + len(_DUMMY_ASSISTANT) :]
 
     @cached_property
@@ -128,5 +128,7 @@ class ChatDelta:
         with_user = self.render(self._dummy_context + [{"role": role, "content": content}], add_generation_prompt=True)
         at = with_user.find(_DUMMY_ASSISTANT)
         if at < 0:
-            raise ChatTemplateError("The chat template drops past assistant messages; it cannot be used for multi-turn rollouts.")
+            raise ChatTemplateError(
+                "The chat template drops past assistant messages; it cannot be used for multi-turn rollouts."
+            )
         return self.encode(self._after_sampled_stop(with_user[at + len(_DUMMY_ASSISTANT) :], agent_ids))

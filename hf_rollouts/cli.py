@@ -23,7 +23,7 @@ def _json_dict(text: str | None, flag: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SystemExit(f"error: {flag} must be a JSON object, e.g. '{{\"max_turns\": 6}}' ({exc}).")
+        raise SystemExit(f"error: {flag} must be a JSON object, e.g. '{{\"max_turns\": 6}}' ({exc}).") from None
     if not isinstance(value, dict):
         raise SystemExit(f"error: {flag} must be a JSON object, got {value!r}.")
     return value
@@ -31,71 +31,103 @@ def _json_dict(text: str | None, flag: str) -> dict[str, Any]:
 
 @dataclass
 class TasksArgs:
-    env: str = field(metadata={"help": "Environment short name (twenty_questions, mastermind, guess_number), textarena:GAME-ID, or a class path under hf_rollouts.envs."})
+    env: str = field(
+        metadata={
+            "help": "Environment short name (twenty_questions, mastermind, guess_number), textarena:GAME-ID, or a "
+            "class path under hf_rollouts.envs."
+        }
+    )
     output: str = field(metadata={"help": "Directory to write the task dataset to (save_to_disk)."})
-    split: str = field(default="train", metadata={"help": "train or eval (disjoint task sets).", "choices": ["train", "eval"]})
+    split: str = field(
+        default="train", metadata={"help": "train or eval (disjoint task sets).", "choices": ["train", "eval"]}
+    )
     num_tasks: int | None = field(default=None, metadata={"help": "Number of tasks (default: all of the split)."})
     env_config: str | None = field(default=None, metadata={"help": "JSON env_config, e.g. '{\"max_turns\": 6}'."})
 
 
 @dataclass
 class GenerateArgs:
+    """``generate``'s own options; the run's are :class:`~hf_rollouts.pipeline.RolloutOptions` and the
+    sampling ones :class:`~hf_rollouts.agents.sampling.SamplingConfig` (all three make the parser)."""
+
     output: str = field(metadata={"help": "Directory for the rollout dataset, its parquet copy and README.md card."})
     env: str | None = field(default=None, metadata={"help": "Make tasks from this environment (see `tasks --env`)."})
-    tasks: str | None = field(default=None, metadata={"help": "Or read tasks from a save_to_disk dir, parquet file(s) or Hub dataset id."})
+    tasks: str | None = field(
+        default=None, metadata={"help": "Or read tasks from a save_to_disk dir, parquet file(s) or Hub dataset id."}
+    )
     num_tasks: int = field(default=8, metadata={"help": "Tasks to make with --env."})
     split: str = field(default="train", metadata={"help": "Split to make with --env.", "choices": ["train", "eval"]})
     env_config: str | None = field(default=None, metadata={"help": "JSON env_config for --env."})
-    num_rollouts: int = field(default=4, metadata={"help": "Episodes per task (one GRPO group per task)."})
-    model: str = field(default="tiny", metadata={"help": "'tiny' (embedded, offline), 'tiny-small', a model id / path, or 'openai:BASE_URL#MODEL' for an OpenAI-compatible endpoint."})
-    tokenizer: str | None = field(default=None, metadata={"help": "With openai: models, the served model's tokenizer id/path (default: MODEL)."})
+    model: str = field(
+        default="tiny",
+        metadata={
+            "help": "'tiny' (embedded, offline), 'tiny-small', a model id / path, or 'openai:BASE_URL#MODEL' for an "
+            "OpenAI-compatible endpoint."
+        },
+    )
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "With openai: models, the served model's tokenizer id/path (default: MODEL)."}
+    )
     concurrency: int = field(default=16, metadata={"help": "With openai: models, requests in flight at once."})
     request_timeout: float = field(default=60.0, metadata={"help": "With openai: models, seconds per attempt."})
-    max_retries: int = field(default=3, metadata={"help": "With openai: models, retries on connection errors, timeouts, 5xx and 429."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (0 = greedy)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
-    max_new_tokens: int = field(default=48, metadata={"help": "Token budget of one agent turn."})
-    backend: str = field(default="generate", metadata={"help": "Generation backend.", "choices": ["generate", "continuous"]})
-    no_reuse_kv: bool = field(default=False, metadata={"help": "Prefill the whole history every turn instead of keeping the KV cache between turns."})
-    seed: int = field(default=0, metadata={"help": "Sampling seed; a new seed always gives fresh samples."})
-    batch_size: int = field(default=16, metadata={"help": "Tasks per map batch; their episodes share each generation call."})
-    shard_size: int = field(default=64, metadata={"help": "Tasks per resumable cache shard (and per unit of work between processes)."})
-    max_concurrency: int | None = field(default=None, metadata={"help": "Cap on concurrent episodes per batch."})
-    on_error: str = field(default="record", metadata={"help": "record failed episodes as status 'error', or raise.", "choices": ["record", "raise"]})
-    allow_env_module: list[str] = field(default_factory=list, metadata={"help": "Module prefix(es) outside hf_rollouts.envs whose env classes may be imported (runs their code)."})
-    logprob_dtype: str = field(default="float32", metadata={"help": "Storage of padded_logprobs: float32 (exact) or float16 (about half the bytes of that column, ~1e-3 relative error).", "choices": ["float32", "float16"]})
-    allow_env_model: list[str] = field(default_factory=list, metadata={"help": "Model/endpoint spec(s) that task rows may name in env_config (e.g. a Twenty Questions gamemaster_model)."})
-    push_to_hub: str | None = field(default=None, metadata={"help": "Also push data and card to this Hub dataset repo."})
+    max_retries: int = field(
+        default=3, metadata={"help": "With openai: models, retries on connection errors, timeouts, 5xx and 429."}
+    )
+    backend: str = field(
+        default="generate",
+        metadata={"help": "Local models: generation backend.", "choices": ["generate", "continuous"]},
+    )
+    no_reuse_kv: bool = field(
+        default=False,
+        metadata={
+            "help": "Local models: prefill the whole history every turn instead of keeping the KV cache between turns."
+        },
+    )
+    allow_env_module: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Module prefix(es) outside hf_rollouts.envs whose env classes may be imported (runs their code)."
+        },
+    )
+    allow_env_model: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Model/endpoint spec(s) that task rows may name in env_config (e.g. a Twenty Questions "
+            "gamemaster_model)."
+        },
+    )
+    logprob_dtype: str = field(
+        default="float32",
+        metadata={
+            "help": "Storage of padded_logprobs: float32 (exact) or float16 (about half the bytes of that column, "
+            "~1e-3 relative error).",
+            "choices": ["float32", "float16"],
+        },
+    )
+    push_to_hub: str | None = field(
+        default=None, metadata={"help": "Also push data and card to this Hub dataset repo."}
+    )
     private: bool = field(default=False, metadata={"help": "Create the Hub repo as private."})
-    cache_dir: str | None = field(default=None, metadata={"help": "Shard cache directory (default ~/.cache/hf_rollouts/rollouts)."})
-    trust_remote_code: bool = field(default=False, metadata={"help": "Allow model code from the Hub (transformers' trust_remote_code)."})
+    cache_dir: str | None = field(
+        default=None, metadata={"help": "Shard cache directory (default ~/.cache/hf_rollouts/rollouts)."}
+    )
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "Allow model code from the Hub (transformers' trust_remote_code)."}
+    )
 
 
 @dataclass
 class InspectArgs:
     row: int = field(default=0, metadata={"help": "Task row to show."})
     rollout: int = field(default=0, metadata={"help": "Rollout of that row to show."})
-    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer id/path (default: DIR/tokenizer, saved by generate)."})
-
-
-def load_tasks(spec: str):
-    """Load a task dataset from a save_to_disk dir, parquet file/dir, or a Hub id."""
-    from datasets import load_dataset, load_from_disk
-
-    path = Path(spec)
-    if path.is_dir() and (path / "state.json").is_file():
-        return load_from_disk(str(path))
-    if path.suffix == ".parquet" or (path.is_dir() and any(path.glob("**/*.parquet"))):
-        files = [str(path)] if path.is_file() else sorted(str(p) for p in path.glob("**/*.parquet"))
-        return load_dataset("parquet", data_files=files, split="train")
-    if path.exists():
-        raise SystemExit(f"error: {spec} is neither a save_to_disk directory nor parquet file(s).")
-    return load_dataset(spec, split="train")
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "Tokenizer id/path (default: DIR/tokenizer, saved by generate)."}
+    )
 
 
 def _make_tasks(env: str, split: str, num_tasks: int | None, env_config: str | None):
     from .envs import get_env_class
-    from .models import build_tokenizer
+    from .tiny_model import build_tokenizer
 
     config = _json_dict(env_config, "--env-config")
     if env.startswith("textarena:"):  # textarena:GAME-ID, e.g. textarena:Mastermind-v0
@@ -115,38 +147,46 @@ def cmd_tasks(argv: list[str]) -> int:
 
 
 def cmd_generate(argv: list[str]) -> int:
-    (args,) = HfArgumentParser([GenerateArgs], prog="hf-rollouts generate").parse_args_into_dataclasses(argv)
+    from .agents.sampling import SamplingConfig
+    from .pipeline import RolloutOptions
+
+    parser = HfArgumentParser([GenerateArgs, RolloutOptions, SamplingConfig], prog="hf-rollouts generate")
+    args, options, sampling = parser.parse_args_into_dataclasses(argv)
     if (args.env is None) == (args.tasks is None):
         raise SystemExit("error: give exactly one of --env NAME or --tasks DIR_OR_HUB_ID.")
-    from .agents.hf import SamplingConfig
+    from dataclasses import asdict
+
     from .agents.loading import load_agent
-    from .cards import render_card
     from .distributed import process_state
     from .pipeline import generate_rollouts
-    from .publish import push_rollouts, save_rollouts, with_logprob_dtype
-    from .stats import compute_stats
+    from .publish import compute_stats, push_rollouts, render_card, save_rollouts, with_logprob_dtype
+    from .sources import load_dataset_source
 
-    tasks = _make_tasks(args.env, args.split, args.num_tasks, args.env_config) if args.env else load_tasks(args.tasks)
-    sampling = SamplingConfig(
-        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
-        backend=args.backend, reuse_kv=not args.no_reuse_kv,
+    tasks = (
+        _make_tasks(args.env, args.split, args.num_tasks, args.env_config)
+        if args.env
+        else load_dataset_source(args.tasks)
     )
     agent = load_agent(
-        args.model, sampling, tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code,
+        args.model,
+        sampling,
+        seed=options.seed,
+        backend=args.backend,
+        reuse_kv=not args.no_reuse_kv,
+        tokenizer=args.tokenizer,
+        trust_remote_code=args.trust_remote_code,
         endpoint={"concurrency": args.concurrency, "timeout": args.request_timeout, "max_retries": args.max_retries},
     )
+    run = asdict(options)
+    num_rollouts = run.pop("num_rollouts")
     ds = generate_rollouts(
         tasks,
         agent,
-        args.num_rollouts,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        shard_size=args.shard_size,
+        num_rollouts,
         allowed_env_modules=args.allow_env_module,
         allowed_env_models=args.allow_env_model,
-        max_concurrency=args.max_concurrency,
-        on_error=args.on_error,
         cache_dir=args.cache_dir,
+        **run,
     )
     state = process_state()
     if not state.is_main_process:
@@ -154,13 +194,18 @@ def cmd_generate(argv: list[str]) -> int:
     ds = with_logprob_dtype(ds, args.logprob_dtype)
     info = {**agent.describe(), "tokenizer": agent.tokenizer.name_or_path or args.model}
     card = render_card(
-        ds, agent_info=info, seed=args.seed, pad_token_id=agent.tokenizer.pad_token_id,
+        ds,
+        agent_info=info,
+        seed=options.seed,
+        pad_token_id=agent.tokenizer.pad_token_id,
         load_path=args.push_to_hub or str(Path(args.output).resolve()),
     )
     save_rollouts(ds, args.output, card)
     agent.tokenizer.save_pretrained(str(Path(args.output) / "tokenizer"))
     stats = compute_stats(ds)
-    print(f"\nwrote {len(ds)} tasks x {args.num_rollouts} rollouts to {args.output} (card: {Path(args.output) / 'README.md'})")
+    print(
+        f"\nwrote {len(ds)} tasks x {num_rollouts} rollouts to {args.output} (card: {Path(args.output) / 'README.md'})"
+    )
     for key, value in stats.table():
         print(f"  {key:<22} {value}")
     if args.push_to_hub:
@@ -176,18 +221,21 @@ def cmd_inspect(argv: list[str]) -> int:
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from .render import format_trajectory
-    from .stats import compute_stats
+    from .publish import compute_stats, format_trajectory
 
     root = Path(ns.path)
     if not (root / "state.json").is_file():
-        raise SystemExit(f"error: {root} is not a rollout dataset directory (no state.json); point at `generate --output`.")
+        raise SystemExit(
+            f"error: {root} is not a rollout dataset directory (no state.json); point at `generate --output`."
+        )
     ds = load_from_disk(str(root))
     if not 0 <= args.row < len(ds):
         raise SystemExit(f"error: --row {args.row} is out of range; the dataset has {len(ds)} rows.")
     row = ds[args.row]
     if not 0 <= args.rollout < len(row["final_rewards"]):
-        raise SystemExit(f"error: --rollout {args.rollout} is out of range; row {args.row} has {len(row['final_rewards'])} rollouts.")
+        raise SystemExit(
+            f"error: --rollout {args.rollout} is out of range; row {args.row} has {len(row['final_rewards'])} rollouts."
+        )
     tok_path = args.tokenizer or (str(root / "tokenizer") if (root / "tokenizer").is_dir() else None)
     tokenizer = AutoTokenizer.from_pretrained(tok_path) if tok_path else None
     print("=== summary")

@@ -29,49 +29,29 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Literal
 
 import datasets
-from datasets import Dataset, Features, List, Value, concatenate_datasets
+from datasets import Dataset, Features, concatenate_datasets
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from . import __version__
+from ._version import __version__
 from .agents.base import Agent
 from .distributed import process_state
 from .envs.base import MultistepEnv
-from .runner import run_episodes
-from .schema import TASK_COLUMNS, TaskValidationError, validate_tasks
-
-ROLLOUT_FEATURES = Features(
-    {
-        "padded_full_token_ids": List(List(Value("int32"))),
-        "padded_full_attention_mask": List(List(Value("int8"))),
-        "padded_agent_token_mask": List(List(Value("int8"))),
-        "padded_sampled_token_mask": List(List(Value("int8"))),
-        "padded_per_token_rewards": List(List(Value("float32"))),
-        "padded_logprobs": List(List(Value("float32"))),
-        "final_rewards": List(Value("float32")),
-        "num_turns": List(Value("int32")),
-        "num_cut_turns": List(Value("int32")),
-        "statuses": List(Value("string")),
-        "errors": List(Value("string")),
-        "conversations": List(List({"role": Value("string"), "content": Value("string")})),
-    }
-)
-"""Columns added to every task row. Outer lists have ``num_rollouts`` entries;
-inner sequences are padded to the task's longest rollout. ``padded_logprobs`` is
-``None`` for a rollout whose agent gave no log-probabilities (NaN marks agent
-tokens of individual turns without them). ``final_rewards`` is NaN for
-``status == "error"``."""
+from .envs.registry import validate_tasks
+from .rollout import episode_jobs, pad_task, run_episodes
+from .schema import ROLLOUT_FEATURES, TaskValidationError
+from .seeding import derive_seed
 
 
 def default_rollout_cache_dir() -> Path:
-    from .models import default_cache_dir
+    from .tiny_model import default_cache_dir
 
     return default_cache_dir() / "rollouts"
 
@@ -94,14 +74,29 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
 
 @dataclass(frozen=True)
 class RolloutOptions:
-    """Everything besides tasks and agent that shapes a rollout run."""
+    """Everything besides tasks and agent that shapes a rollout run (the CLI's options too)."""
 
-    num_rollouts: int
-    seed: int = 0
-    batch_size: int = 16
-    shard_size: int = 64
-    max_concurrency: int | None = None
-    on_error: str = "record"
+    num_rollouts: int = field(default=4, metadata={"help": "Episodes per task (one GRPO group per task)."})
+    seed: int = field(
+        default=0,
+        metadata={"help": "Run seed: seeds the agent's sampling per map batch; a new seed always samples afresh."},
+    )
+    batch_size: int = field(
+        default=16, metadata={"help": "Task rows per map batch; all their episodes run concurrently."}
+    )
+    shard_size: int = field(
+        default=64,
+        metadata={
+            "help": "Task rows per resumable cache file, and the unit of work between processes "
+            "(with N processes keep len(tasks) / shard_size >= N)."
+        },
+    )
+    max_concurrency: int | None = field(
+        default=None, metadata={"help": "Cap on episodes alive at once within a batch."}
+    )
+    on_error: Literal["record", "raise"] = field(
+        default="record", metadata={"help": "'record' keeps failed episodes as status 'error'; 'raise' aborts the run."}
+    )
 
     def __post_init__(self) -> None:
         for name in ("num_rollouts", "batch_size", "shard_size"):
@@ -128,10 +123,6 @@ class _EnvCache:
         return self._envs[key]
 
 
-def _batch_seed(seed: int, first_index: int) -> int:
-    return int.from_bytes(hashlib.sha256(f"{seed}:{first_index}".encode()).digest()[:4], "little")
-
-
 class _Expander:
     """The map function: expands a batch of task rows into rollout columns."""
 
@@ -144,8 +135,8 @@ class _Expander:
         for row in range(n):
             env = self.envs.get(batch["env_class_path"][row], batch["env_config"][row])
             global_row = self.offset + indices[row]
-            jobs += env.episode_jobs([batch["task_data"][row]], r, prefix=f"row{global_row}/", start=row * r)
-        self.agent.set_seed(_batch_seed(self.opts.seed, self.offset + indices[0]))
+            jobs += episode_jobs(env, [batch["task_data"][row]], r, prefix=f"row{global_row}/", start=row * r)
+        self.agent.set_seed(derive_seed(self.opts.seed, self.offset + indices[0]))
         episodes = run_episodes(
             jobs,
             self.agent,
@@ -155,8 +146,7 @@ class _Expander:
         )
         out: dict[str, list] = {key: [] for key in ROLLOUT_FEATURES}
         for row in range(n):
-            env = jobs[row * r].env
-            (group,) = env.pad_trial(episodes[row * r : (row + 1) * r], r)
+            group = pad_task(episodes[row * r : (row + 1) * r], self.envs.tokenizer.pad_token_id)
             for key in ROLLOUT_FEATURES:
                 out[key].append(group[key])
         return out
@@ -174,7 +164,11 @@ def _quiet_datasets_bars() -> Iterator[None]:
 
 
 def rollout_fingerprint(
-    tasks: Dataset, agent: Agent, tokenizer: PreTrainedTokenizerBase, opts: RolloutOptions, envs: dict[str, Any] | None = None
+    tasks: Dataset,
+    agent: Agent,
+    tokenizer: PreTrainedTokenizerBase,
+    opts: RolloutOptions,
+    envs: dict[str, Any] | None = None,
 ) -> str:
     """Hash of everything that changes :func:`generate_rollouts`' output (``envs``: each env's fingerprint)."""
     payload = _canonical(
@@ -183,7 +177,7 @@ def rollout_fingerprint(
             "envs": envs or {},
             "agent": agent.fingerprint(),
             "tokenizer": tokenizer_fingerprint(tokenizer),
-            "options": {k: getattr(opts, k) for k in ("num_rollouts", "seed", "batch_size", "shard_size", "on_error", "max_concurrency")},
+            "options": {f.name: getattr(opts, f.name) for f in fields(opts)},
             "hf_rollouts": __version__,
         }
     )
@@ -195,51 +189,52 @@ def generate_rollouts(
     agent: Agent,
     num_rollouts: int,
     *,
-    seed: int = 0,
-    batch_size: int = 16,
-    shard_size: int = 64,
     tokenizer: PreTrainedTokenizerBase | None = None,
     allowed_env_modules: Iterable[str] = (),
     allowed_env_models: Iterable[str] = (),
-    max_concurrency: int | None = None,
-    on_error: str = "record",
     cache_dir: str | Path | None = None,
     load_from_cache_file: bool = True,
     progress: bool = True,
+    **options: Any,
 ) -> Dataset:
-    """Expand a task dataset into a rollout dataset (one row per task, see :data:`ROLLOUT_FEATURES`).
+    """Expand a task dataset into a rollout dataset (one row per task, see :data:`~hf_rollouts.schema.ROLLOUT_COLUMNS`).
 
     Args:
         tasks: rows ``{env_class_path, env_config, task_data}`` (extra columns are kept).
         agent: plays every episode.
         num_rollouts: episodes per task (one GRPO group per row).
-        seed: seeds the agent's sampling, per map batch.
-        batch_size: task rows per map batch; all their episodes run concurrently.
-        shard_size: task rows per resumable cache file. Shards are also the unit of work
-            between processes: with N processes, keep ``len(tasks) / shard_size >= N``.
         tokenizer: the env tokenizer; default ``agent.tokenizer``. It must be the
             tokenizer of the model that samples, or stored ids would be meaningless.
         allowed_env_modules: module prefixes outside ``hf_rollouts.envs`` whose
             env classes may be imported (they run code: like ``trust_remote_code``).
         allowed_env_models: model/endpoint specs that rows may name in an env's
             ``model_config_keys`` (e.g. an LLM gamemaster); others are refused.
-        max_concurrency: cap on episodes alive at once within a batch.
-        on_error: ``"record"`` keeps failed episodes as status ``error``; ``"raise"`` aborts.
         cache_dir: where shard files go (default ``~/.cache/hf_rollouts/rollouts``).
         load_from_cache_file: reuse finished shards of an identical earlier call.
         progress: show a progress bar over episodes.
+        **options: the other fields of :class:`RolloutOptions` (``seed``, ``batch_size``,
+            ``shard_size``, ``max_concurrency``, ``on_error``), with its defaults.
 
     Raises:
         TaskValidationError: for a malformed row or an untrusted/unknown env class,
             before any generation.
     """
     if len(tasks) == 0:
-        raise ValueError("The task dataset is empty: nothing to play. Make tasks with an env's get_train_dataset() or `hf-rollouts tasks`.")
-    opts = RolloutOptions(num_rollouts, seed, batch_size, shard_size, max_concurrency, on_error)
+        raise ValueError(
+            "The task dataset is empty: nothing to play. Make tasks with an env's get_train_dataset() or "
+            "`hf-rollouts tasks`."
+        )
+    unknown = sorted(set(options) - {f.name for f in fields(RolloutOptions)})
+    if unknown:
+        raise TypeError(
+            f"generate_rollouts got unknown option(s) {unknown}; the options are the fields of RolloutOptions."
+        )
+    opts = RolloutOptions(num_rollouts=num_rollouts, **options)
     tokenizer = tokenizer if tokenizer is not None else getattr(agent, "tokenizer", None)
     if tokenizer is None:
         raise ValueError(
-            f"{type(agent).__name__} has no .tokenizer; pass tokenizer= (the tokenizer of the model whose tokens are stored)."
+            f"{type(agent).__name__} has no .tokenizer; pass tokenizer= (the tokenizer of the model whose tokens are "
+            "stored)."
         )
     classes = validate_tasks(tasks, allowed_env_modules, allowed_env_models)
     envs = _EnvCache(classes, tokenizer)
@@ -252,14 +247,14 @@ def generate_rollouts(
     fingerprint = rollout_fingerprint(tasks, agent, tokenizer, opts, envs.fingerprints())
     cache = Path(cache_dir) if cache_dir is not None else default_rollout_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    num_shards = max(1, math.ceil(len(tasks) / shard_size))
+    num_shards = max(1, math.ceil(len(tasks) / opts.shard_size))
     shard_files = [cache / f"{fingerprint}-shard{i:05d}-of{num_shards:05d}.arrow" for i in range(num_shards)]
 
     state = process_state()
     per_proc = math.ceil(num_shards / state.num_processes)
     mine = range(state.process_index * per_proc, min(num_shards, (state.process_index + 1) * per_proc))
     todo = [i for i in mine if not (load_from_cache_file and shard_files[i].is_file())]
-    todo_tasks = sum(min(shard_size, len(tasks) - i * shard_size) for i in todo)
+    todo_tasks = sum(min(opts.shard_size, len(tasks) - i * opts.shard_size) for i in todo)
     bar = tqdm(
         total=todo_tasks * num_rollouts,
         desc=f"rollouts{f' [process {state.process_index}]' if state.num_processes > 1 else ''}",
@@ -268,7 +263,18 @@ def generate_rollouts(
     )
     with bar, _quiet_datasets_bars():
         for i in mine:
-            _expand_shard(tasks, i, shard_size, shard_files[i], f"{fingerprint}-{i}", envs, agent, opts, bar, load_from_cache_file)
+            _expand_shard(
+                tasks,
+                i,
+                opts.shard_size,
+                shard_files[i],
+                f"{fingerprint}-{i}",
+                envs,
+                agent,
+                opts,
+                bar,
+                load_from_cache_file,
+            )
     state.wait_for_everyone()
     parts = [Dataset.from_file(str(f)) for f in shard_files]
     return concatenate_datasets(parts) if len(parts) > 1 else parts[0]
@@ -302,4 +308,4 @@ def _expand_shard(
     )
 
 
-__all__ = ["ROLLOUT_FEATURES", "RolloutOptions", "TASK_COLUMNS", "generate_rollouts", "rollout_fingerprint"]
+__all__ = ["RolloutOptions", "generate_rollouts", "rollout_fingerprint"]

@@ -1,117 +1,154 @@
-"""The task-row schema (R1), its validation, and safe import of environment classes.
+"""The data contracts: task rows in, rollout columns out. Every column is declared here, once.
 
-A task row is ``{env_class_path: str, env_config: dict, task_data: dict}``. The
-two dicts are stored with ``datasets.Json()`` so a dataset mixing environments
-keeps each row's dicts exactly (a plain dict column would become an Arrow struct
-with the union of all rows' keys, handing each env ``None`` for the others').
+A task row is ``{env_class_path: str, env_config: dict, task_data: dict}``. The two
+dicts are stored with ``datasets.Json()`` so a dataset mixing environments keeps each
+row's dicts exactly (a plain dict column would become an Arrow struct with the union
+of all rows' keys, handing each env ``None`` for the others').
 
-``env_class_path`` names code to import, so it is treated like
-``trust_remote_code``: classes under :data:`TRUSTED_PREFIXES` are imported;
-any other module only if the caller allows its prefix. The check runs on the
-string, before anything is imported.
+:data:`ROLLOUT_COLUMNS` declares every column the pipeline adds to a task row: its
+Arrow type, the :class:`~hf_rollouts.types.Episode` field it comes from, its padding
+value and its documentation. Padding (:mod:`hf_rollouts.rollout.padding`), the dataset
+card, the statistics and training all read this one declaration.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any, Iterable
+from dataclasses import dataclass
+from typing import Any, Union
 
-from datasets import Dataset, Features, Json, Value
-
-if TYPE_CHECKING:
-    from .envs.base import MultistepEnv
+from datasets import Dataset, Features, Json, List, Value
 
 TASK_COLUMNS = ("env_class_path", "env_config", "task_data")
 TASK_FEATURES = Features({"env_class_path": Value("string"), "env_config": Json(), "task_data": Json()})
-TRUSTED_PREFIXES = ("hf_rollouts.envs",)
+TASK_COLUMN_HELP = {
+    "env_class_path": "environment class that played the task",
+    "env_config": "JSON config passed to the environment's `__init__`",
+    "task_data": "JSON task passed to `_initialize_episode`",
+}
+
+PAD_TOKEN = "pad_token"
+"""Padding marker of the id column: the tokenizer's ``pad_token_id``."""
 
 
 class TaskValidationError(ValueError):
     """A task dataset row is malformed or names an environment that may not be used."""
 
 
-def class_path(cls: type) -> str:
-    """``module.QualName`` of a class, as stored in ``env_class_path``."""
-    return f"{cls.__module__}.{cls.__qualname__}"
+@dataclass(frozen=True)
+class Column:
+    """One rollout column of a task row (outer length ``num_rollouts``).
 
-
-def _module_allowed(module: str, allowed: Iterable[str]) -> bool:
-    return any(module == p or module.startswith(p.rstrip(".") + ".") for p in (*TRUSTED_PREFIXES, *allowed))
-
-
-def resolve_env_class(path: str, allowed_env_modules: Iterable[str] = (), *, where: str = "") -> "type[MultistepEnv]":
-    """Import ``path`` and return the ``MultistepEnv`` subclass it names.
-
-    Raises :class:`TaskValidationError` — without importing anything — when the
-    module is neither trusted nor allowed; and when the class is missing or is
-    not a ``MultistepEnv``. ``where`` (e.g. ``"row 3"``) prefixes messages.
+    Attributes:
+        name: the dataset column.
+        source: the :class:`~hf_rollouts.types.Episode` field (``Episode.to_dict`` key) it holds.
+        value: Arrow type of one rollout's entry (a token for sequences).
+        pad: padding of a per-token sequence: :data:`PAD_TOKEN` or a number. ``None``
+            marks a per-rollout value (one entry per rollout, never padded).
+        help: what the column means (dataset card, README).
+        training: a trainer needs it (:func:`require_columns` checks these).
     """
-    from .envs.base import MultistepEnv
 
-    where = f"{where}: " if where else ""
-    if not isinstance(path, str) or "." not in path:
-        raise TaskValidationError(f"{where}env_class_path must be 'package.module.ClassName', got {path!r}.")
-    module_name, _, class_name = path.rpartition(".")
-    if not _module_allowed(module_name, allowed_env_modules):
-        raise TaskValidationError(
-            f"{where}env_class_path {path!r} is outside the trusted modules {list(TRUSTED_PREFIXES)}. "
-            "Importing it would run its code. If you trust it, allow its module prefix: "
-            f"allowed_env_modules=[{module_name.split('.')[0]!r}] (CLI: --allow-env-module {module_name.split('.')[0]})."
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise TaskValidationError(f"{where}env_class_path {path!r}: cannot import module {module_name!r} ({exc}).") from exc
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise TaskValidationError(f"{where}env_class_path {path!r}: module {module_name!r} has no attribute {class_name!r}.")
-    if not (isinstance(cls, type) and issubclass(cls, MultistepEnv)):
-        raise TaskValidationError(
-            f"{where}env_class_path {path!r} is not a MultistepEnv subclass; point it at an environment class."
-        )
-    return cls
+    name: str
+    source: str
+    value: Any
+    pad: Union[int, float, str, None]
+    help: str
+    training: bool = False
+
+    @property
+    def is_sequence(self) -> bool:
+        return self.pad is not None
+
+    @property
+    def feature(self) -> Any:
+        return List(List(self.value)) if self.is_sequence else List(self.value)
 
 
-def validate_tasks(
-    tasks: Dataset, allowed_env_modules: Iterable[str] = (), allowed_env_models: Iterable[str] = ()
-) -> dict[str, "type[MultistepEnv]"]:
-    """Check every row of a task dataset before any generation.
+MESSAGE = {"role": Value("string"), "content": Value("string")}
 
-    Returns the resolved classes by path. Errors name the row index and the field.
-    ``allowed_env_models`` lists the model/endpoint specs that rows may name in an env's
-    ``model_config_keys`` (e.g. Twenty Questions' ``gamemaster_model``).
-    """
-    allowed = tuple(allowed_env_modules)
-    allowed_models = set(allowed_env_models)
-    missing = [c for c in TASK_COLUMNS if c not in tasks.column_names]
+ROLLOUT_COLUMNS: tuple[Column, ...] = (
+    Column(
+        "padded_full_token_ids",
+        "full_token_ids",
+        Value("int32"),
+        PAD_TOKEN,
+        "[rollout][token] full episode ids (prompts, env messages, agent samples), padded with the tokenizer's pad id",
+        True,
+    ),
+    Column(
+        "padded_full_attention_mask",
+        "full_attention_mask",
+        Value("int8"),
+        0,
+        "[rollout][token] 1 for real tokens, 0 for padding",
+        True,
+    ),
+    Column(
+        "padded_agent_token_mask",
+        "agent_token_mask",
+        Value("int8"),
+        0,
+        "[rollout][token] 1 on the agent's tokens",
+        True,
+    ),
+    Column(
+        "padded_sampled_token_mask",
+        "sampled_token_mask",
+        Value("int8"),
+        0,
+        "[rollout][token] 1 where the stored id is exactly what the agent reported sampling "
+        "(0 for text re-tokenized from a text-only turn)",
+    ),
+    Column(
+        "padded_per_token_rewards",
+        "per_token_rewards",
+        Value("float32"),
+        0.0,
+        "[rollout][token] step rewards, on agent tokens only",
+        True,
+    ),
+    Column(
+        "padded_logprobs",
+        "logprobs",
+        Value("float32"),
+        0.0,
+        "[rollout][token] sampling log-probability of agent tokens (0 elsewhere; null if the agent gave none)",
+        True,
+    ),
+    Column("final_rewards", "final_reward", Value("float32"), None, "[rollout] episode reward (NaN for `error`)", True),
+    Column("num_turns", "num_turns", Value("int32"), None, "[rollout] agent turns played"),
+    Column(
+        "num_cut_turns",
+        "num_cut_turns",
+        Value("int32"),
+        None,
+        "[rollout] agent turns cut by the token budget before an end-of-turn token",
+    ),
+    Column("statuses", "status", Value("string"), None, "[rollout] `done`, `truncated` or `error`", True),
+    Column("errors", "error", Value("string"), None, "[rollout] the error message of an `error` rollout"),
+    Column("conversations", "messages", List(MESSAGE), None, "[rollout] the readable chat of the episode"),
+)
+
+ROLLOUT_FEATURES = Features({c.name: c.feature for c in ROLLOUT_COLUMNS})
+"""Arrow features of the rollout columns. ``padded_logprobs`` is ``None`` for a rollout
+whose agent gave no log-probabilities (NaN marks agent tokens of single turns without
+them). ``final_rewards`` is NaN for ``status == "error"``."""
+
+COLUMN_HELP = {**TASK_COLUMN_HELP, **{c.name: c.help for c in ROLLOUT_COLUMNS}}
+TRAINING_COLUMNS = tuple(c.name for c in ROLLOUT_COLUMNS if c.training)
+
+
+def require_columns(ds: Dataset, columns: tuple[str, ...] = TRAINING_COLUMNS) -> None:
+    """Raise ``ValueError`` naming what is missing when ``ds`` is not a rollout dataset."""
+    missing = [c for c in columns if c not in ds.column_names]
     if missing:
-        raise TaskValidationError(
-            f"task dataset is missing column(s) {missing}; it has {tasks.column_names}. "
-            "Each row needs env_class_path (str), env_config (dict) and task_data (dict); "
-            "build rows with an env's get_train_dataset() or hf_rollouts.schema.TASK_FEATURES."
+        raise ValueError(
+            f"not a rollout dataset: missing column(s) {missing} (it has {ds.column_names}). "
+            "Rollout datasets come from hf_rollouts.pipeline.generate_rollouts (schema: "
+            "hf_rollouts.schema.ROLLOUT_COLUMNS)."
         )
-    classes: dict[str, type] = {}
-    columns = tasks.select_columns(list(TASK_COLUMNS))
-    for i, row in enumerate(columns):
-        for field in ("env_config", "task_data"):
-            if not isinstance(row[field], dict):
-                raise TaskValidationError(
-                    f"row {i}: field {field!r} must be a dict, got {type(row[field]).__name__} ({row[field]!r:.80})."
-                )
-        path = row["env_class_path"]
-        if path not in classes:
-            classes[path] = resolve_env_class(path, allowed, where=f"row {i}, field 'env_class_path'")
-        for key in classes[path].model_config_keys:
-            value = row["env_config"].get(key)
-            if value is not None and value not in allowed_models:
-                raise TaskValidationError(
-                    f"row {i}: field 'env_config' names a model/endpoint in {key!r}: {value!r}. Loading or calling it "
-                    f"is not allowed by default. If you trust it, allow it: allowed_env_models=[{value!r}] "
-                    f"(CLI: --allow-env-model '{value}')."
-                )
-    return classes
 
 
 def to_task_dataset(rows: list[dict[str, Any]]) -> Dataset:
-    """Build a task dataset with the canonical features from a list of R1 dicts."""
+    """Build a task dataset with the canonical features from a list of task-row dicts."""
     return Dataset.from_list(rows, features=TASK_FEATURES)

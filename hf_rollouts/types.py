@@ -12,7 +12,7 @@ contracts between the parts of the library can be read in one place:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 Message = dict[str, str]
@@ -80,11 +80,11 @@ class Action:
 class Turn:
     """One agent turn inside an episode, for people and for checks.
 
-    ``prompt_len`` is the number of stored ids the agent was conditioned on;
-    ``start``/``end`` delimit the agent's ids in ``full_token_ids``.
+    ``start``/``end`` delimit the agent's ids in ``full_token_ids``; ``start`` is also
+    the number of stored ids the agent was conditioned on (its prompt is
+    ``full_token_ids[:start]``).
     """
 
-    prompt_len: int
     start: int
     end: int
     action: str
@@ -126,8 +126,12 @@ class Episode:
     def check(self) -> None:
         """Raise ``AssertionError`` if a token-level invariant is broken."""
         n = len(self.full_token_ids)
-        assert len(self.agent_token_mask) == n and len(self.per_token_rewards) == n and len(self.sampled_token_mask) == n
-        assert all(m or not s for m, s in zip(self.agent_token_mask, self.sampled_token_mask)), "sampled mark on a non-agent token"
+        assert (
+            len(self.agent_token_mask) == n and len(self.per_token_rewards) == n and len(self.sampled_token_mask) == n
+        )
+        assert all(m or not s for m, s in zip(self.agent_token_mask, self.sampled_token_mask)), (
+            "sampled mark on a non-agent token"
+        )
         assert self.logprobs is None or len(self.logprobs) == n
         for m, r in zip(self.agent_token_mask, self.per_token_rewards):
             assert m == 1 or r == 0.0, "reward on a non-agent token"
@@ -135,19 +139,9 @@ class Episode:
         assert (self.status == "error") == (self.error is not None)
 
     def to_dict(self) -> dict[str, Any]:
-        """The seed's R4 dictionary plus the extras (logprobs, status, turns, messages)."""
+        """The unpadded episode dictionary ``_run_complete_episode`` returns: every field, plus
+        ``full_attention_mask``. Its keys are the ``source`` names of :data:`hf_rollouts.schema.ROLLOUT_COLUMNS`."""
         return {
-            "full_token_ids": self.full_token_ids,
+            **{f.name: getattr(self, f.name) for f in fields(self)},
             "full_attention_mask": self.full_attention_mask,
-            "agent_token_mask": self.agent_token_mask,
-            "sampled_token_mask": self.sampled_token_mask,
-            "per_token_rewards": self.per_token_rewards,
-            "final_reward": self.final_reward,
-            "logprobs": self.logprobs,
-            "num_turns": self.num_turns,
-            "num_cut_turns": self.num_cut_turns,
-            "status": self.status,
-            "error": self.error,
-            "messages": self.messages,
-            "turns": self.turns,
         }

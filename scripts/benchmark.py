@@ -1,7 +1,9 @@
 """Rollout throughput, measured side by side in one run.
 
-    python scripts/benchmark.py                       # default: Twenty Questions, 16 tasks x 4 rollouts, 8 turns, --size small
-    python scripts/benchmark.py --device cuda --model Qwen/Qwen2-0.5B --random-weights --tasks 64 --rollouts 8 --backend both
+    # default: Twenty Questions, 16 tasks x 4 rollouts, 8 turns, --size small
+    python scripts/benchmark.py
+    python scripts/benchmark.py --device cuda --model Qwen/Qwen2-0.5B --random-weights \
+        --tasks 64 --rollouts 8 --backend both
 
 Rows of the table (same tasks, model and sampling settings):
 
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import os
 import resource
 import sys
@@ -34,7 +35,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 from datasets import disable_progress_bars
 
-from hf_rollouts.agents.hf import SamplingConfig, TransformersAgent
+from hf_rollouts.agents.hf import TransformersAgent
+from hf_rollouts.agents.sampling import SamplingConfig
 from hf_rollouts.envs.twenty_questions import TwentyQuestionsEnv
 from hf_rollouts.pipeline import generate_rollouts
 from hf_rollouts.publish import parquet_files, save_rollouts
@@ -47,7 +49,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rollouts", type=int, default=4)
     p.add_argument("--max-turns", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=24)
-    p.add_argument("--size", default="small", choices=["tiny", "small"], help="embedded model size (ignored with --model)")
+    p.add_argument(
+        "--size", default="small", choices=["tiny", "small"], help="embedded model size (ignored with --model)"
+    )
     p.add_argument("--model", default=None, help="hub id or path; with --random-weights only its config is used")
     p.add_argument("--random-weights", action="store_true", help="build --model from its config with random weights")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: accelerate's device)")
@@ -62,7 +66,7 @@ def parse_args() -> argparse.Namespace:
 def build_model(args):
     dtype = getattr(torch, args.dtype)
     if args.model is None:
-        from hf_rollouts.models import build_tiny_model
+        from hf_rollouts.tiny_model import build_tiny_model
 
         model, tok = build_tiny_model(seed=0, size=args.size)
         return model.to(dtype), tok, f"hf_rollouts tiny-{args.size} (random weights)"
@@ -94,11 +98,15 @@ class CallLog:
 
         def generate(**kw):
             out = real_generate(**kw)
-            self.calls.append({
-                "input_ids": kw["input_ids"], "attention_mask": kw["attention_mask"],
-                "reuse": kw.get("past_key_values") is not None, "select": self._selected,
-                "steps": out.sequences.shape[1] - kw["input_ids"].shape[1],
-            })
+            self.calls.append(
+                {
+                    "input_ids": kw["input_ids"],
+                    "attention_mask": kw["attention_mask"],
+                    "reuse": kw.get("past_key_values") is not None,
+                    "select": self._selected,
+                    "steps": out.sequences.shape[1] - kw["input_ids"].shape[1],
+                }
+            )
             self._selected = None
             return out
 
@@ -124,8 +132,12 @@ def replay(model, calls, generation_config, device) -> float:
                 past.batch_select_indices(call["select"])
         config = copy.deepcopy(generation_config)
         config.max_new_tokens = config.min_new_tokens = call["steps"]
-        out = model.generate(input_ids=call["input_ids"], attention_mask=call["attention_mask"], past_key_values=past,
-                             generation_config=config)
+        out = model.generate(
+            input_ids=call["input_ids"],
+            attention_mask=call["attention_mask"],
+            past_key_values=past,
+            generation_config=config,
+        )
         cache = out.past_key_values
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -133,7 +145,11 @@ def replay(model, calls, generation_config, device) -> float:
 
 
 def agent_tokens(padded_masks) -> int:
-    return sum(sum(m) for group in padded_masks for m in group) if padded_masks and isinstance(padded_masks[0][0], list) else sum(map(sum, padded_masks))
+    return (
+        sum(sum(m) for group in padded_masks for m in group)
+        if padded_masks and isinstance(padded_masks[0][0], list)
+        else sum(map(sum, padded_masks))
+    )
 
 
 def peak_rss_mib() -> float:
@@ -148,39 +164,67 @@ def main() -> int:
     tasks = TwentyQuestionsEnv(tok, env_config).get_train_dataset(args.tasks)
     backends = ["generate", "continuous"] if args.backend == "both" else [args.backend]
     episodes = args.tasks * args.rollouts
-    print(f"workload: Twenty Questions, {args.tasks} tasks x {args.rollouts} rollouts = {episodes} episodes, "
-          f"<= {args.max_turns} turns, <= {args.max_new_tokens} new tokens/turn; model {model_name}; torch threads {torch.get_num_threads()}")
+    print(
+        f"workload: Twenty Questions, {args.tasks} tasks x {args.rollouts} rollouts = {episodes} episodes, "
+        f"<= {args.max_turns} turns, <= {args.max_new_tokens} new tokens/turn; model {model_name}; torch threads "
+        f"{torch.get_num_threads()}"
+    )
     rows = []
     for backend in backends:
         baseline_times: dict[str, float] = {}
-        sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                                  backend=backend, reuse_kv=not args.no_reuse_kv)
-        agent = TransformersAgent(model, tok, sampling, device=args.device, name=model_name)
+        sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
+        reuse_kv = not args.no_reuse_kv
+        agent = TransformersAgent(
+            model,
+            tok,
+            sampling,
+            seed=args.seed,
+            backend=backend,
+            reuse_kv=reuse_kv,
+            device=args.device,
+            name=model_name,
+        )
         env = TwentyQuestionsEnv(tok, env_config)
         warm_up = [{"role": "user", "content": "warm up"}]
         agent.act_batch([AgentRequest(warm_up, env.chat.initial_ids(warm_up))])
 
         if not args.skip_baseline:
             baselines = [("(a) one-by-one, full prefill", False)]
-            if sampling.reuse_kv and backend == "generate":
+            if reuse_kv and backend == "generate":
                 baselines.append(("(a2) one-by-one, KV reuse", True))
             for label, reuse in baselines:
-                solo = TransformersAgent(model, tok, dataclasses.replace(sampling, reuse_kv=reuse), device=args.device, name=model_name)
+                solo = TransformersAgent(
+                    model,
+                    tok,
+                    sampling,
+                    seed=args.seed,
+                    backend=backend,
+                    reuse_kv=reuse,
+                    device=args.device,
+                    name=model_name,
+                )
                 solo.set_seed(args.seed)
                 start = time.perf_counter()
                 out = env.run_trial(tasks["task_data"], solo, args.rollouts, max_concurrency=1)
                 seconds = time.perf_counter() - start
-                rows.append((f"{label} [{backend}]", seconds, agent_tokens(out["padded_agent_token_mask"]), solo.generate_calls))
+                rows.append(
+                    (f"{label} [{backend}]", seconds, agent_tokens(out["padded_agent_token_mask"]), solo.generate_calls)
+                )
                 baseline_times[label] = seconds
 
         log = CallLog(agent.model)
         calls_before = agent.generate_calls
         with tempfile.TemporaryDirectory() as cache:
             start = time.perf_counter()
-            ds = generate_rollouts(tasks, agent, args.rollouts, seed=args.seed, batch_size=args.tasks, cache_dir=cache, progress=False)
+            ds = generate_rollouts(
+                tasks, agent, args.rollouts, seed=args.seed, batch_size=args.tasks, cache_dir=cache, progress=False
+            )
             t_b = time.perf_counter() - start
             disk = sum(Path(f).stat().st_size for f in parquet_files(save_rollouts(ds, Path(cache) / "saved")))
-            disk16 = sum(Path(f).stat().st_size for f in parquet_files(save_rollouts(ds, Path(cache) / "saved16", logprob_dtype="float16")))
+            disk16 = sum(
+                Path(f).stat().st_size
+                for f in parquet_files(save_rollouts(ds, Path(cache) / "saved16", logprob_dtype="float16"))
+            )
         positions = sum(len(ids) for group in ds["padded_full_token_ids"] for ids in group)
         real_tokens = sum(sum(m) for group in ds["padded_full_attention_mask"] for m in group)
         gen_b = agent_tokens(ds["padded_agent_token_mask"])
@@ -190,12 +234,17 @@ def main() -> int:
         t_c = replay(agent.model, log.calls, agent._generation_config(), agent.device)
         rows.append((f"(c) lower bound [{backend}]", t_c, gen_b, len(log.calls)))
         rows.append(("", 0, 0, 0))
-        print(f"[{backend}] parquet: {disk} bytes for {positions} stored token positions "
-              f"= {disk / positions:.2f} bytes/position ({disk / real_tokens:.2f} bytes per real token); "
-              f"with --logprob-dtype float16: {disk16 / positions:.2f} bytes/position")
+        print(
+            f"[{backend}] parquet: {disk} bytes for {positions} stored token positions "
+            f"= {disk / positions:.2f} bytes/position ({disk / real_tokens:.2f} bytes per real token); "
+            f"with --logprob-dtype float16: {disk16 / positions:.2f} bytes/position"
+        )
         for label, seconds in baseline_times.items():
             print(f"[{backend}] {label.split()[0]}/(b) = {seconds / t_b:.2f}x  ({label} vs hf_rollouts)")
-        print(f"[{backend}] (b)/(c) = {t_b / t_c:.3f} (pipeline overhead over pure generation: {100 * (t_b / t_c - 1):+.1f}%)")
+        print(
+            f"[{backend}] (b)/(c) = {t_b / t_c:.3f} (pipeline overhead over pure generation: "
+            f"{100 * (t_b / t_c - 1):+.1f}%)"
+        )
 
     print(f"\n{'run':<44}{'wall s':>9}{'episodes/s':>12}{'gen tok/s':>11}{'gen calls':>11}")
     for name, secs, toks, calls in rows:

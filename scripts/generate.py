@@ -1,6 +1,7 @@
 """Thin runnable equivalent of `hf-rollouts generate`, for `accelerate launch`.
 
-    accelerate launch --num_processes 2 scripts/generate.py --env mastermind --num-tasks 16 --shard-size 8 --output out/mm
+    accelerate launch --num_processes 2 scripts/generate.py --env mastermind --num-tasks 16 \
+        --shard-size 8 --output out/mm
     torchrun --nproc_per_node 2 scripts/generate.py ...      # several CPU processes
 
 Processes split the work by shards: keep num_tasks / shard_size >= the number of processes.

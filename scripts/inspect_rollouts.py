@@ -1,6 +1,6 @@
 """Thin runnable equivalent of `hf-rollouts inspect`.
 
-    python scripts/inspect_rollouts.py outputs/demo --row 0 --rollout 1
+python scripts/inspect_rollouts.py outputs/demo --row 0 --rollout 1
 """
 
 import sys

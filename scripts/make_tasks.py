@@ -1,6 +1,6 @@
 """Thin runnable equivalent of `hf-rollouts tasks`.
 
-    python scripts/make_tasks.py --env mastermind --split eval --num-tasks 50 --output tasks/mm-eval
+python scripts/make_tasks.py --env mastermind --split eval --num-tasks 50 --output tasks/mm-eval
 """
 
 import sys

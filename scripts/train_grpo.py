@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import math
 import shutil
@@ -58,9 +57,10 @@ from torch.utils.data import DataLoader
 
 from hf_rollouts.agents.hf import TransformersAgent
 from hf_rollouts.envs.guess_number import GuessNumberEnv
-from hf_rollouts.models import build_tiny_model
 from hf_rollouts.pipeline import generate_rollouts
 from hf_rollouts.publish import save_rollouts
+from hf_rollouts.seeding import derive_seed
+from hf_rollouts.tiny_model import build_tiny_model
 from hf_rollouts.training import ADVANTAGE_MODES, RolloutCollator, grpo_loss, prepare_rollouts, token_logprobs
 
 
@@ -70,7 +70,9 @@ class TrainConfig:
 
     iterations: int = field(default=20, metadata={"help": "Generate-then-update rounds."})
     seed: int = field(default=0, metadata={"help": "Seeds model init, sampling and minibatch order."})
-    output_dir: str = field(default="outputs/train_grpo", metadata={"help": "Rollouts, metrics.json and the plot go here."})
+    output_dir: str = field(
+        default="outputs/train_grpo", metadata={"help": "Rollouts, metrics.json and the plot go here."}
+    )
     tasks_per_iter: int = field(default=32, metadata={"help": "Task rows (GRPO groups) per iteration."})
     num_rollouts: int = field(default=8, metadata={"help": "Rollouts per task (the group size)."})
     lr: float = field(default=1e-2, metadata={"help": "AdamW learning rate."})
@@ -79,20 +81,31 @@ class TrainConfig:
     clip_eps: float = field(default=0.2, metadata={"help": "PPO ratio clip."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
     advantage: str = field(default="grpo", metadata={"help": f"One of {ADVANTAGE_MODES}."})
-    keep_constant_groups: bool = field(default=False, metadata={"help": "Train on groups with zero reward variance too."})
+    keep_constant_groups: bool = field(
+        default=False, metadata={"help": "Train on groups with zero reward variance too."}
+    )
     low: int = field(default=3, metadata={"help": "GuessNumberEnv low."})
-    high: int = field(default=3, metadata={"help": "GuessNumberEnv high (== low: a fixed answer the policy can learn)."})
+    high: int = field(
+        default=3, metadata={"help": "GuessNumberEnv high (== low: a fixed answer the policy can learn)."}
+    )
     max_turns: int = field(default=1, metadata={"help": "GuessNumberEnv max_turns."})
     max_new_tokens: int = field(default=3, metadata={"help": "Token budget of one agent turn."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (also used to recompute log-probs)."})
+    temperature: float = field(
+        default=1.0, metadata={"help": "Sampling temperature (also used to recompute log-probs)."}
+    )
     model_size: str = field(default="tiny", metadata={"help": "build_tiny_model size: tiny or small."})
-    plot: str | None = field(default=None, metadata={"help": "PNG path (default OUTPUT_DIR/learning_curve.png); 'none' to skip."})
-    keep_rollouts: bool = field(default=False, metadata={"help": "Keep every iteration's saved rollouts (default: the last only)."})
+    plot: str | None = field(
+        default=None, metadata={"help": "PNG path (default OUTPUT_DIR/learning_curve.png); 'none' to skip."}
+    )
+    keep_rollouts: bool = field(
+        default=False, metadata={"help": "Keep every iteration's saved rollouts (default: the last only)."}
+    )
     quiet: bool = field(default=False, metadata={"help": "Do not print the table."})
     keep_denormals: bool = field(
         default=False,
         metadata={
-            "help": "Do not call torch.set_flush_denormal(True). By default the process flushes float32 denormals to zero: "
+            "help": "Do not call torch.set_flush_denormal(True). By default the process flushes float32 denormals to "
+            "zero: "
             "on x86 CPUs the tiny model's math hits denormals and runs 10-20x slower without it."
         },
     )
@@ -128,7 +141,7 @@ class IterationStats:
 
 def iteration_seed(seed: int, iteration: int) -> int:
     """The sampling seed of one iteration: distinct across iterations and runs."""
-    return int.from_bytes(hashlib.sha256(f"train_grpo:{seed}:{iteration}".encode()).digest()[:4], "little")
+    return derive_seed("train_grpo", seed, iteration)
 
 
 def _task_slice(tasks, iteration: int, n: int):
@@ -158,8 +171,13 @@ def _train(cfg: TrainConfig) -> list[IterationStats]:
     torch.manual_seed(cfg.seed)
     model, tokenizer = build_tiny_model(seed=cfg.seed, size=cfg.model_size)
     agent = TransformersAgent(
-        model, tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
-        device=accelerator.device, name=f"{model.config._name_or_path}-grpo",
+        model,
+        tokenizer,
+        temperature=cfg.temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+        device=accelerator.device,
+        name=f"{model.config._name_or_path}-grpo",
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     train_model, optimizer = accelerator.prepare(model, optimizer)
@@ -172,9 +190,13 @@ def _train(cfg: TrainConfig) -> list[IterationStats]:
         model.eval()
         probe_before = agent.fingerprint()["weights_probe"]
         rollouts = generate_rollouts(
-            _task_slice(all_tasks, it, cfg.tasks_per_iter), agent, cfg.num_rollouts,
-            seed=iteration_seed(cfg.seed, it), cache_dir=out / "cache" / f"iter{it:04d}",
-            load_from_cache_file=False, progress=False,
+            _task_slice(all_tasks, it, cfg.tasks_per_iter),
+            agent,
+            cfg.num_rollouts,
+            seed=iteration_seed(cfg.seed, it),
+            cache_dir=out / "cache" / f"iter{it:04d}",
+            load_from_cache_file=False,
+            progress=False,
         )
         gen_done = time.perf_counter()
         saved = out / "rollouts" / f"iter{it:04d}"
@@ -195,7 +217,9 @@ def _train(cfg: TrainConfig) -> list[IterationStats]:
         losses, clips, kls, grad_norms = [], [], [], []
         if len(prepared.dataset):
             generator = torch.Generator().manual_seed(iteration_seed(cfg.seed, it))
-            loader = DataLoader(prepared.dataset, batch_size=cfg.minibatch_size, shuffle=True, collate_fn=collator, generator=generator)
+            loader = DataLoader(
+                prepared.dataset, batch_size=cfg.minibatch_size, shuffle=True, collate_fn=collator, generator=generator
+            )
             loader = accelerator.prepare(loader)
             train_model.train()
             for _ in range(cfg.ppo_epochs):
@@ -226,11 +250,23 @@ def _train(cfg: TrainConfig) -> list[IterationStats]:
                 shutil.rmtree(out / "rollouts" / f"iter{it - 1:04d}", ignore_errors=True)
         mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
         stats = IterationStats(
-            iteration=it, mean_reward=mean_reward, solve_rate=solve_rate, loss=mean(losses),
-            trained_rollouts=report.rollouts_out, rollouts=report.rollouts_in, errors=report.errors,
-            clip_fraction=mean(clips), approx_kl=mean(kls), grad_norm=mean(grad_norms), fingerprint_changed=changed,
+            iteration=it,
+            mean_reward=mean_reward,
+            solve_rate=solve_rate,
+            loss=mean(losses),
+            trained_rollouts=report.rollouts_out,
+            rollouts=report.rollouts_in,
+            errors=report.errors,
+            clip_fraction=mean(clips),
+            approx_kl=mean(kls),
+            grad_norm=mean(grad_norms),
+            fingerprint_changed=changed,
             seconds=time.perf_counter() - start,
-            phase_seconds={"generate": gen_done - start, "save_load": prep_done - gen_done, "update": train_done - prep_done},
+            phase_seconds={
+                "generate": gen_done - start,
+                "save_load": prep_done - gen_done,
+                "update": train_done - prep_done,
+            },
         )
         history.append(stats)
         if accelerator.is_main_process and not cfg.quiet:
@@ -247,7 +283,8 @@ def _train(cfg: TrainConfig) -> list[IterationStats]:
 
 
 TABLE_HEADER = (
-    f"{'iter':>4} | {'mean_reward':>11} | {'solve_rate':>10} | {'loss':>8} | {'grad_norm':>9} | {'trained':>7} | {'clip':>5} | {'sec':>5}"
+    f"{'iter':>4} | {'mean_reward':>11} | {'solve_rate':>10} | {'loss':>8} | {'grad_norm':>9} | "
+    f"{'trained':>7} | {'clip':>5} | {'sec':>5}"
 )
 
 
@@ -258,7 +295,8 @@ def format_row(s: IterationStats) -> str:
         return f"{'-':>{width}}" if math.isnan(x) else f"{x:>{width}.{digits}f}"
 
     return (
-        f"{s.iteration:>4} | {s.mean_reward:>11.4f} | {s.solve_rate:>10.4f} | {num(s.loss, 8, 4)} | {num(s.grad_norm, 9, 4)} | "
+        f"{s.iteration:>4} | {s.mean_reward:>11.4f} | {s.solve_rate:>10.4f} | {num(s.loss, 8, 4)} | "
+        f"{num(s.grad_norm, 9, 4)} | "
         f"{s.trained_rollouts:>3}/{s.rollouts:<3} | {num(s.clip_fraction, 5, 3)} | {s.seconds:>5.1f}"
     )
 
@@ -271,7 +309,10 @@ def save_plot(history: list[IterationStats], path: Path, cfg: TrainConfig) -> bo
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"matplotlib is not installed: skipping {path}. Install it with `pip install 'hf_rollouts[plot]'`.", file=sys.stderr)
+        print(
+            f"matplotlib is not installed: skipping {path}. Install it with `pip install 'hf_rollouts[plot]'`.",
+            file=sys.stderr,
+        )
         return False
     its = [s.iteration for s in history]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
@@ -297,7 +338,9 @@ def save_plot(history: list[IterationStats], path: Path, cfg: TrainConfig) -> bo
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):
@@ -310,7 +353,6 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     import datasets
-
     import transformers
 
     datasets.disable_progress_bars()  # the table is this script's output
@@ -318,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     history = train(parse_args(argv))
     first, last = history[0], history[-1]
     if PartialState().is_main_process:
-        print(f"mean reward: {first.mean_reward:.4f} (iteration 0) -> {last.mean_reward:.4f} (iteration {last.iteration})")
+        print(
+            f"mean reward: {first.mean_reward:.4f} (iteration 0) -> {last.mean_reward:.4f} (iteration {last.iteration})"
+        )
     return 0
 
 

@@ -23,7 +23,7 @@ def _cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny(_cache_dir):
-    from hf_rollouts.models import build_tiny_model
+    from hf_rollouts.tiny_model import build_tiny_model
 
     return build_tiny_model(seed=0)
 

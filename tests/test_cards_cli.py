@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import yaml
 from datasets import load_from_disk
 
 from hf_rollouts import ScriptedAgent
-from hf_rollouts.cards import render_card
 from hf_rollouts.cli import main
 from hf_rollouts.envs.mastermind import MastermindEnv
 from hf_rollouts.pipeline import generate_rollouts
-from hf_rollouts.stats import compute_stats
+from hf_rollouts.publish import compute_stats, render_card
 
 
 def test_card_contents(tokenizer, tmp_path):
@@ -26,11 +23,21 @@ def test_card_contents(tokenizer, tmp_path):
     assert (stats.tasks, stats.rollouts, stats.errors) == (2, 4, 1)
     assert stats.solve_rate == pytest.approx(0.5) and stats.pass_at_k == pytest.approx(0.5)
     assert stats.mean_final_reward == pytest.approx(2 / 3)  # the error is excluded, not counted as 0
-    card = render_card(ds, agent_info={"model": "scripted", "sampling": {"temperature": 0.7}}, seed=5, pad_token_id=0, load_path="user/rollouts")
+    card = render_card(
+        ds,
+        agent_info={"model": "scripted", "sampling": {"temperature": 0.7}},
+        seed=5,
+        pad_token_id=0,
+        load_path="user/rollouts",
+    )
     card.save(str(tmp_path / "README.md"))
     text = (tmp_path / "README.md").read_text()
     meta = yaml.safe_load(text.split("---")[1])
-    assert meta["license"] == "apache-2.0" and "hf_rollouts" in meta["tags"] and "reinforcement-learning" in meta["task_categories"]
+    assert (
+        meta["license"] == "apache-2.0"
+        and "hf_rollouts" in meta["tags"]
+        and "reinforcement-learning" in meta["task_categories"]
+    )
     assert "hf_rollouts.envs.mastermind.env.MastermindEnv" in text and '"max_turns": 2' in text
     assert "| model | `scripted` |" in text and "| seed | `5` |" in text and "| num_rollouts | `2` |" in text
     for column in ds.column_names:
@@ -43,14 +50,51 @@ def test_card_contents(tokenizer, tmp_path):
 
 def test_cli_tasks_generate_inspect(tmp_path, capsys):
     tasks_dir, out_dir = tmp_path / "tasks", tmp_path / "out"
-    assert main(["tasks", "--env", "twenty_questions", "--num-tasks", "3", "--env-config", '{"max_turns": 2}', "--output", str(tasks_dir)]) == 0
+    assert (
+        main(
+            [
+                "tasks",
+                "--env",
+                "twenty_questions",
+                "--num-tasks",
+                "3",
+                "--env-config",
+                '{"max_turns": 2}',
+                "--output",
+                str(tasks_dir),
+            ]
+        )
+        == 0
+    )
     tasks = load_from_disk(str(tasks_dir))
     assert len(tasks) == 3 and tasks[0]["env_config"] == {"max_turns": 2}
-    args = ["generate", "--tasks", str(tasks_dir), "--num-rollouts", "2", "--model", "tiny", "--max-new-tokens", "8",
-            "--temperature", "0.9", "--seed", "3", "--logprob-dtype", "float16", "--output", str(out_dir), "--cache-dir", str(tmp_path / "cache")]
+    args = [
+        "generate",
+        "--tasks",
+        str(tasks_dir),
+        "--num-rollouts",
+        "2",
+        "--model",
+        "tiny",
+        "--max-new-tokens",
+        "8",
+        "--temperature",
+        "0.9",
+        "--seed",
+        "3",
+        "--logprob-dtype",
+        "float16",
+        "--output",
+        str(out_dir),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     assert main(args) == 0
     card = (out_dir / "README.md").read_text()
-    assert '"temperature": 0.9, "top_p": 1.0, "max_new_tokens": 8, "seed": 3, "reuse_kv": true, "backend": "generate"' in card
+    assert (
+        '"temperature": 0.9, "top_p": 1.0, "max_new_tokens": 8, "seed": 3, "reuse_kv": true, "backend": "generate"'
+        in card
+    )
     assert "| `padded_logprobs` | `List(List(Value('float16')))` |" in card  # the card describes what was stored
     printed = capsys.readouterr().out
     assert "wrote 3 tasks x 2 rollouts" in printed and "pass@2" in printed
@@ -69,26 +113,48 @@ def test_cli_generate_from_env_and_errors(tmp_path, capsys):
     with pytest.raises(SystemExit, match="JSON object"):
         main(["generate", "--env", "mastermind", "--env-config", "{oops", "--output", str(tmp_path / "x")])
     with pytest.raises(SystemExit, match="out of range"):
-        main(["generate", "--env", "guess_number", "--num-tasks", "2", "--num-rollouts", "1", "--max-new-tokens", "4",
-              "--output", str(tmp_path / "g"), "--cache-dir", str(tmp_path / "c")]) or main(["inspect", str(tmp_path / "g"), "--row", "5"])
+        main(
+            [
+                "generate",
+                "--env",
+                "guess_number",
+                "--num-tasks",
+                "2",
+                "--num-rollouts",
+                "1",
+                "--max-new-tokens",
+                "4",
+                "--output",
+                str(tmp_path / "g"),
+                "--cache-dir",
+                str(tmp_path / "c"),
+            ]
+        ) or main(["inspect", str(tmp_path / "g"), "--row", "5"])
     assert main([]) == 2 and "usage: hf-rollouts" in capsys.readouterr().out
 
 
 def test_cli_textarena_tasks(tmp_path):
     pytest.importorskip("textarena")
-    assert main(["tasks", "--env", "textarena:GuessTheNumber-v0", "--num-tasks", "2", "--output", str(tmp_path / "t")]) == 0
+    assert (
+        main(["tasks", "--env", "textarena:GuessTheNumber-v0", "--num-tasks", "2", "--output", str(tmp_path / "t")])
+        == 0
+    )
     rows = load_from_disk(str(tmp_path / "t")).to_list()
     assert [r["env_config"]["env_id"] for r in rows] == ["GuessTheNumber-v0"] * 2
     assert rows[0]["env_class_path"].endswith("TextArenaEnv") and isinstance(rows[0]["task_data"]["seed"], int)
 
 
 def test_cli_openai_spec_builds_the_endpoint_agent(tiny, tmp_path):
-    from hf_rollouts.agents.hf import SamplingConfig
     from hf_rollouts.agents.loading import load_agent
-    from hf_rollouts.models import tiny_model_path
+    from hf_rollouts.agents.sampling import SamplingConfig
+    from hf_rollouts.tiny_model import tiny_model_path
 
-    agent = load_agent("openai:http://127.0.0.1:9/v1#tiny", SamplingConfig(temperature=0.3, max_new_tokens=7),
-                       tokenizer=str(tiny_model_path()), endpoint={"concurrency": 3, "max_retries": 0})
+    agent = load_agent(
+        "openai:http://127.0.0.1:9/v1#tiny",
+        SamplingConfig(temperature=0.3, max_new_tokens=7),
+        tokenizer=str(tiny_model_path()),
+        endpoint={"concurrency": 3, "max_retries": 0},
+    )
     info = agent.describe()
     assert info["base_url"] == "http://127.0.0.1:9/v1" and info["model"] == "tiny"
     assert agent.settings.concurrency == 3 and agent.settings.max_tokens == 7 and agent.settings.temperature == 0.3
@@ -96,7 +162,7 @@ def test_cli_openai_spec_builds_the_endpoint_agent(tiny, tmp_path):
 
 
 def test_inspect_reports_retokenized_agent_text(tokenizer):
-    from hf_rollouts.render import format_trajectory
+    from hf_rollouts.publish import format_trajectory
 
     env = MastermindEnv(tokenizer, {"max_turns": 1})
     out = env.run_trial([{"code": [1, 2, 3, 4]}], ScriptedAgent(["1 2 3 4"]), 1)

@@ -6,7 +6,7 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from hf_rollouts.chat import ChatDelta, ChatTemplateError
-from hf_rollouts.models import build_tokenizer
+from hf_rollouts.tiny_model import build_tokenizer
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
@@ -51,8 +51,10 @@ def test_closing_depends_on_whether_the_agent_sampled_the_end_token(chatml_token
     end = chatml_tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert chat.assistant_closing == "<|im_end|>\n"
     assert end in chat.stop_token_ids
-    assert chat.closing_rest(chat.encode("hi") + [end]) == "\n"
-    assert chat.closing_rest(chat.encode("hi")) == "<|im_end|>\n"  # cut off by the token budget
+    assert chat._after_sampled_stop(chat.assistant_closing, chat.encode("hi") + [end]) == "\n"
+    assert (
+        chat._after_sampled_stop(chat.assistant_closing, chat.encode("hi")) == "<|im_end|>\n"
+    )  # cut off by the token budget
     delta = chat.user_delta_ids("Yes.", chat.encode("hi"))
     assert chatml_tokenizer.decode(delta) == "<|im_end|>\n<|im_start|>user\nYes.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -67,7 +69,10 @@ def test_stored_ids_stay_a_prefix_where_re_rendering_would_rewrite_history(chatm
     seen_at_turn_2 = ids + sampled + chat.user_delta_ids("No.", sampled)
     assert seen_at_turn_2[: len(ids)] == ids
     assert seen_at_turn_2[len(ids) : len(ids) + len(sampled)] == sampled
-    msgs += [{"role": "assistant", "content": "<think>maybe a clock</think>Is it alive?"}, {"role": "user", "content": "No."}]
+    msgs += [
+        {"role": "assistant", "content": "<think>maybe a clock</think>Is it alive?"},
+        {"role": "user", "content": "No."},
+    ]
     rerendered = chatml_tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)["input_ids"]
     assert rerendered[: len(seen_at_turn_2)] != seen_at_turn_2  # re-rendering would have changed history
 

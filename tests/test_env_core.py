@@ -9,10 +9,17 @@ import torch
 
 from hf_rollouts import MultistepEnv, ScriptedAgent
 from hf_rollouts.envs.mastermind import MastermindEnv
+from hf_rollouts.rollout import pad_groups
 from hf_rollouts.types import Action
 
 R4_KEYS = {"full_token_ids", "full_attention_mask", "agent_token_mask", "per_token_rewards", "final_reward"}
-R5_KEYS = {"padded_full_token_ids", "padded_full_attention_mask", "padded_agent_token_mask", "padded_per_token_rewards", "final_rewards"}
+R5_KEYS = {
+    "padded_full_token_ids",
+    "padded_full_attention_mask",
+    "padded_agent_token_mask",
+    "padded_per_token_rewards",
+    "final_rewards",
+}
 PADDED = ["padded_full_token_ids", "padded_full_attention_mask", "padded_agent_token_mask", "padded_per_token_rewards"]
 
 
@@ -90,7 +97,9 @@ def test_episode_error_is_recorded_never_a_zero_reward_success(tokenizer):
     assert ep["num_turns"] == 1 and sum(ep["agent_token_mask"]) > 0  # the partial trajectory is kept
     check_invariants(ep)
     with pytest.raises(RuntimeError, match="scripted failure"):
-        env._run_complete_episode("s", ScriptedAgent(["1 2 3 4"], fail_at={0}), {"code": [6, 6, 6, 6]}, on_error="raise")
+        env._run_complete_episode(
+            "s", ScriptedAgent(["1 2 3 4"], fail_at={0}), {"code": [6, 6, 6, 6]}, on_error="raise"
+        )
 
 
 def test_env_error_on_bad_task_data_is_recorded(tokenizer):
@@ -126,12 +135,13 @@ def test_run_trial_calls_each_episode_and_pads_per_task(tokenizer, monkeypatch):
 def test_padding_values(tokenizer):
     env = MastermindEnv(tokenizer, {"max_turns": 3})
     # a group with unequal lengths: one rollout solves at once, one a turn later
-    group = env.pad_trial(
+    group = pad_groups(
         [
             env._run_complete_episode("a", ScriptedAgent(["1 2 3 4"]), {"code": [1, 2, 3, 4]}),
             env._run_complete_episode("b", ScriptedAgent(["5 5 5 5", "1 2 3 4"]), {"code": [1, 2, 3, 4]}),
         ],
         2,
+        tokenizer.pad_token_id,
     )[0]
     short = sum(group["padded_full_attention_mask"][0])
     width = len(group["padded_full_token_ids"][0])
@@ -277,7 +287,7 @@ def test_kv_cache_is_rebuilt_when_a_prompt_does_not_extend_what_was_seen(tokeniz
     agent = TransformersAgent(tiny[0], tokenizer, max_new_tokens=3)
     chat = agent.chat
     first = chat.initial_ids([{"role": "user", "content": "Is it a clock?"}])
-    (action, _), = agent.act_batch([AgentRequest([], first, session_id="s")])
+    ((action, _),) = agent.act_batch([AgentRequest([], first, session_id="s")])
     follow = first + action.token_ids + chat.user_delta_ids("No", action.token_ids)
     agent.act_batch([AgentRequest([], follow, session_id="s")])
     assert agent.kv_reused_calls == 1
@@ -319,7 +329,7 @@ def test_set_seed_drops_the_kept_kv_cache(tokenizer, tiny):
 
 def test_model_generation_defaults_cannot_reshape_sampling(tmp_path):
     from hf_rollouts.agents.hf import TransformersAgent
-    from hf_rollouts.models import build_tiny_model
+    from hf_rollouts.tiny_model import build_tiny_model
 
     model, tok = build_tiny_model(cache_dir=tmp_path)
     model.generation_config.repetition_penalty = 5.0  # as some checkpoints ship
@@ -335,11 +345,19 @@ def test_kv_reuse_is_switched_off_where_masked_columns_matter(tokenizer):
 
     from hf_rollouts.agents.hf import TransformersAgent, kv_reuse_unsafe_reason
 
-    config = MistralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                           num_attention_heads=2, num_key_value_heads=1, sliding_window=24, pad_token_id=tokenizer.pad_token_id)
+    config = MistralConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        sliding_window=24,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model = MistralForCausalLM(config)
     assert "sliding-window" in kv_reuse_unsafe_reason(model)
-    assert TransformersAgent(model, tokenizer).sampling.reuse_kv is False
+    assert TransformersAgent(model, tokenizer).reuse_kv is False
 
 
 def test_a_failing_request_is_isolated_from_its_batch(tokenizer, tiny, monkeypatch):
@@ -363,7 +381,7 @@ def test_a_failing_request_is_isolated_from_its_batch(tokenizer, tiny, monkeypat
 
 def test_only_sampling_defaults_are_warned_about(tmp_path, caplog):
     from hf_rollouts.agents.hf import TransformersAgent
-    from hf_rollouts.models import build_tiny_model
+    from hf_rollouts.tiny_model import build_tiny_model
 
     model, tok = build_tiny_model(cache_dir=tmp_path)
     with caplog.at_level("WARNING"):
@@ -381,7 +399,9 @@ def test_turns_cut_by_the_token_budget_are_counted(tokenizer, tiny):
     env = MastermindEnv(tokenizer, {"max_turns": 3})
     agent = TransformersAgent(tiny[0], tokenizer, max_new_tokens=1)  # one token: almost never an end-of-turn
     out = env.run_trial([{"code": [1, 2, 3, 4]}], agent, 2)
-    for cut, turns, ids, mask in zip(out["num_cut_turns"], out["num_turns"], out["padded_full_token_ids"], out["padded_agent_token_mask"]):
+    for cut, turns, ids, mask in zip(
+        out["num_cut_turns"], out["num_turns"], out["padded_full_token_ids"], out["padded_agent_token_mask"]
+    ):
         ended = sum(1 for t, m in zip(ids, mask) if m and t in agent.stop_ids)
         assert cut == turns - ended  # every turn either sampled its end-of-turn token or was cut
     ep = env._run_complete_episode("s", ScriptedAgent(["1 1 1 1"]), {"code": [2, 2, 2, 2]})

@@ -8,8 +8,9 @@ from hf_rollouts import ScriptedAgent
 from hf_rollouts.envs import ENV_REGISTRY, get_env_class
 from hf_rollouts.envs.guess_number import GuessNumberEnv
 from hf_rollouts.envs.mastermind import MastermindEnv, score_guess
+from hf_rollouts.envs.registry import class_path
 from hf_rollouts.envs.twenty_questions import KnowledgeBase, TwentyQuestionsEnv
-from hf_rollouts.schema import TASK_FEATURES, class_path
+from hf_rollouts.schema import TASK_FEATURES
 
 
 # -- contract checks over every registered environment ------------------------
@@ -88,15 +89,21 @@ def test_custom_gamemaster_plugs_in(tokenizer):
 
 
 def test_unknown_solution_is_an_error_with_a_fix(tokenizer):
-    ep = TwentyQuestionsEnv(tokenizer, {}).\
-        _run_complete_episode("s", ScriptedAgent(["?"]), {"solution": "flux capacitor"})
+    ep = TwentyQuestionsEnv(tokenizer, {})._run_complete_episode(
+        "s", ScriptedAgent(["?"]), {"solution": "flux capacitor"}
+    )
     assert ep["status"] == "error" and "KnowledgeBase.load().basic" in ep["error"]
 
 
 # -- Mastermind ------------------------------------------------------------------
 @pytest.mark.parametrize(
     "code, guess, pegs",
-    [([1, 2, 3, 4], [1, 2, 3, 4], (4, 0)), ([1, 2, 3, 4], [4, 3, 2, 1], (0, 4)), ([1, 1, 2, 2], [1, 2, 1, 3], (1, 2)), ([6, 6, 6, 6], [1, 2, 3, 4], (0, 0))],
+    [
+        ([1, 2, 3, 4], [1, 2, 3, 4], (4, 0)),
+        ([1, 2, 3, 4], [4, 3, 2, 1], (0, 4)),
+        ([1, 1, 2, 2], [1, 2, 1, 3], (1, 2)),
+        ([6, 6, 6, 6], [1, 2, 3, 4], (0, 0)),
+    ],
 )
 def test_mastermind_pegs(code, guess, pegs):
     assert score_guess(code, guess) == pegs

@@ -23,9 +23,20 @@ from hf_rollouts.types import Action
 @pytest.mark.parametrize(
     ("reply", "expected"),
     [
-        ("Yes", YES), ("yes.", YES), (" NO! ", NO), ('"No"', NO), ("I don't know", UNKNOWN),
-        ("i dont know.", UNKNOWN), ("I do not know", UNKNOWN), ("I don\u2019t know", UNKNOWN), ("**Yes**", YES),
-        ("Yes, it is alive.", None), ("Maybe", None), ("", None), ("yes no", None), ("Yes\nNo", None),
+        ("Yes", YES),
+        ("yes.", YES),
+        (" NO! ", NO),
+        ('"No"', NO),
+        ("I don't know", UNKNOWN),
+        ("i dont know.", UNKNOWN),
+        ("I do not know", UNKNOWN),
+        ("I don\u2019t know", UNKNOWN),
+        ("**Yes**", YES),
+        ("Yes, it is alive.", None),
+        ("Maybe", None),
+        ("", None),
+        ("yes no", None),
+        ("Yes\nNo", None),
     ],
 )
 def test_parse_answer_is_strict(reply, expected):

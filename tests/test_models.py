@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from hf_rollouts.models import build_tiny_model, tiny_model_path
+from hf_rollouts.tiny_model import build_tiny_model, tiny_model_path
 
 
 def test_tiny_model_is_real_and_deterministic(tmp_path):
@@ -27,7 +27,9 @@ def test_second_call_reloads_from_the_cache(tmp_path):
     stamp = (path / "config.json").stat().st_mtime_ns
     model, tok = build_tiny_model(seed=0, cache_dir=tmp_path)
     assert (path / "config.json").stat().st_mtime_ns == stamp  # not rebuilt
-    ids = tok.apply_chat_template([{"role": "user", "content": "Is it a clock?"}], add_generation_prompt=True)["input_ids"]
+    ids = tok.apply_chat_template([{"role": "user", "content": "Is it a clock?"}], add_generation_prompt=True)[
+        "input_ids"
+    ]
     assert tok.decode(ids) == "<|user|>\nIs it a clock?<|end|>\n<|assistant|>\n"
     with torch.no_grad():
         assert model(torch.tensor([ids])).logits.shape == (1, len(ids), len(tok))

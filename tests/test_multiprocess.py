@@ -20,20 +20,46 @@ from datasets import load_from_disk
 from hf_rollouts.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-ARGS = ["--env", "mastermind", "--num-tasks", "6", "--num-rollouts", "2", "--env-config", '{"max_turns": 3}',
-        "--max-new-tokens", "8", "--shard-size", "2", "--batch-size", "2"]
+ARGS = [
+    "--env",
+    "mastermind",
+    "--num-tasks",
+    "6",
+    "--num-rollouts",
+    "2",
+    "--env-config",
+    '{"max_turns": 3}',
+    "--max-new-tokens",
+    "8",
+    "--shard-size",
+    "2",
+    "--batch-size",
+    "2",
+]
 
 
 def test_two_cpu_processes_equal_one(tmp_path):
     with socket.socket() as s:  # a free port for the rendezvous, so parallel runs cannot collide
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
-              str(ROOT / "scripts" / "generate.py")]
+    launch = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(port),
+        str(ROOT / "scripts" / "generate.py"),
+    ]
     proc = subprocess.run(
         launch + ARGS + ["--output", str(tmp_path / "two"), "--cache-dir", str(tmp_path / "c2")],
         env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rollouts [process 1]" in proc.stderr  # a second process really expanded its block of shards

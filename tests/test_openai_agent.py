@@ -140,8 +140,14 @@ class TinyModelServer(LoopbackServer):
             self.model_agent.sampling.max_new_tokens = int(body.get("max_tokens", 10))
             self.model_agent.set_seed(int(body.get("seed", 0)))
             action, _ = self.model_agent.act(AgentRequest(messages=body["messages"], prompt_token_ids=prompt_ids))
-            self.answers.append({"seed": body.get("seed"), "ids": action.token_ids, "logprobs": action.logprobs, "prompt": prompt_ids})
-        choice = {"index": 0, "message": {"role": "assistant", "content": action.text}, "finish_reason": "stop" if action.stopped else "length"}
+            self.answers.append(
+                {"seed": body.get("seed"), "ids": action.token_ids, "logprobs": action.logprobs, "prompt": prompt_ids}
+            )
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": action.text},
+            "finish_reason": "stop" if action.stopped else "length",
+        }
         payload = {"id": f"cmpl-{index}", "object": "chat.completion", "model": body["model"], "choices": [choice]}
         if body.get("return_token_ids"):
             choice["token_ids"] = action.token_ids
@@ -197,9 +203,13 @@ def test_mismatched_prompt_ids_policy(tiny, tokenizer):
         text_agent = OpenAIChatAgent(base_url=server.url, model="tiny", max_tokens=6, tokenizer=tokenizer)
         out = env.run_trial([{"code": [1, 2, 3, 4]}], text_agent, num_rollouts=2)
         assert out["padded_logprobs"] == [None, None] and text_agent.stats["text_fallbacks"] == 2
-        strict = OpenAIChatAgent(base_url=server.url, model="tiny", max_tokens=6, tokenizer=tokenizer, on_token_mismatch="error")
+        strict = OpenAIChatAgent(
+            base_url=server.url, model="tiny", max_tokens=6, tokenizer=tokenizer, on_token_mismatch="error"
+        )
         out = env.run_trial([{"code": [1, 2, 3, 4]}], strict, num_rollouts=1)
-        assert out["statuses"] == ["error"] and "token contract" in out["errors"][0] and "position 0" in out["errors"][0]
+        assert (
+            out["statuses"] == ["error"] and "token contract" in out["errors"][0] and "position 0" in out["errors"][0]
+        )
         assert strict.stats["failures"] == 1
 
 
@@ -225,14 +235,27 @@ def _free_port() -> int:
 def transformers_server(tmp_path_factory):
     if not all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "openai")):
         pytest.skip('transformers serve needs `pip install "transformers[serving]"`')
-    from hf_rollouts.models import build_tiny_model, tiny_model_path
+    from hf_rollouts.tiny_model import build_tiny_model, tiny_model_path
 
     build_tiny_model(seed=0)
     path = str(tiny_model_path(0))
     port = _free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    cmd = [sys.executable, "-c", "from transformers.cli.transformers import main; main()",
-           "serve", path, "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--default-seed", "0"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from transformers.cli.transformers import main; main()",
+        "serve",
+        path,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--default-seed",
+        "0",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -264,7 +287,9 @@ def transformers_server(tmp_path_factory):
 def test_transformers_serve_text_only_rollouts(transformers_server, tokenizer):
     url, model = transformers_server
     env = MastermindEnv(tokenizer, {"max_turns": 2})
-    agent = OpenAIChatAgent(base_url=url, model=model, max_tokens=6, tokenizer=tokenizer, request_token_ids=False, concurrency=4)
+    agent = OpenAIChatAgent(
+        base_url=url, model=model, max_tokens=6, tokenizer=tokenizer, request_token_ids=False, concurrency=4
+    )
     out = env.run_trial([{"code": [1, 2, 3, 4]}, {"code": [2, 2, 2, 2]}], agent, num_rollouts=2)
     assert all(s in ("done", "truncated") for s in out["statuses"]), out["errors"]
     assert out["padded_logprobs"] == [None] * 4  # no ids from this server: text, tokenized once by the env
@@ -294,7 +319,9 @@ def test_500_then_200_is_retried():
 
 def test_429_is_retried_with_retry_after():
     def respond(h, i, body):
-        send_json(h, {"error": "slow down"}, status=429, headers={"Retry-After": "0"}) if i < 2 else send_json(h, OK_BODY)
+        send_json(h, {"error": "slow down"}, status=429, headers={"Retry-After": "0"}) if i < 2 else send_json(
+            h, OK_BODY
+        )
 
     with LoopbackServer(respond) as server:
         agent = agent_for(server)
@@ -336,7 +363,9 @@ def test_always_dropped_connection_and_nothing_listening():
             agent_for(server, max_retries=2).act(request())
     port = _free_port()
     agent = OpenAIChatAgent(base_url=f"http://127.0.0.1:{port}/v1", model="m", max_retries=1, **FAST)
-    with pytest.raises(OpenAIRequestError, match=r"failed after 2 attempt\(s\).*(Connection refused|ConnectionRefused)"):
+    with pytest.raises(
+        OpenAIRequestError, match=r"failed after 2 attempt\(s\).*(Connection refused|ConnectionRefused)"
+    ):
         agent.act(request())
 
 
@@ -390,11 +419,15 @@ def test_batch_is_sent_concurrently_up_to_the_limit():
 
 def test_vllm_token_id_strings_and_length_finish():
     payload = {
-        "choices": [{
-            "message": {"content": "ab"},
-            "finish_reason": "length",
-            "logprobs": {"content": [{"token": "token_id:17", "logprob": -0.5}, {"token": "token_id:4", "logprob": -1.5}]},
-        }]
+        "choices": [
+            {
+                "message": {"content": "ab"},
+                "finish_reason": "length",
+                "logprobs": {
+                    "content": [{"token": "token_id:17", "logprob": -0.5}, {"token": "token_id:4", "logprob": -1.5}]
+                },
+            }
+        ]
     }
     with LoopbackServer(lambda h, i, body: send_json(h, payload)) as server:
         action, _ = agent_for(server).act(request())
@@ -403,7 +436,9 @@ def test_vllm_token_id_strings_and_length_finish():
 
 def test_request_seeds_settings_and_fingerprint(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
-    agent = OpenAIChatAgent(base_url="http://127.0.0.1:9/v1", model="m", temperature=0.7, seed=5, extra_body={"top_k": 20})
+    agent = OpenAIChatAgent(
+        base_url="http://127.0.0.1:9/v1", model="m", temperature=0.7, seed=5, extra_body={"top_k": 20}
+    )
     a, b = agent.request_body(request(session="row0/rollout0")), agent.request_body(request(session="row0/rollout1"))
     assert a["seed"] != b["seed"] and a["seed"] == agent.request_body(request(session="row0/rollout0"))["seed"]
     agent.set_seed(1)

@@ -10,9 +10,9 @@ from datasets import Value, concatenate_datasets, load_dataset, load_from_disk
 from hf_rollouts import ScriptedAgent
 from hf_rollouts.envs.guess_number import GuessNumberEnv
 from hf_rollouts.envs.mastermind import MastermindEnv
-from hf_rollouts.pipeline import ROLLOUT_FEATURES, generate_rollouts
+from hf_rollouts.pipeline import generate_rollouts
 from hf_rollouts.publish import parquet_files, save_rollouts
-from hf_rollouts.schema import TaskValidationError, to_task_dataset
+from hf_rollouts.schema import ROLLOUT_FEATURES, TaskValidationError, to_task_dataset
 
 
 @pytest.fixture()
@@ -41,7 +41,13 @@ def test_output_schema_and_per_task_padding(tasks, hf_agent, tmp_path):
     widths = set()
     for row in ds:
         assert len(row["final_rewards"]) == len(row["statuses"]) == 3
-        keys = ["padded_full_token_ids", "padded_full_attention_mask", "padded_agent_token_mask", "padded_per_token_rewards", "padded_logprobs"]
+        keys = [
+            "padded_full_token_ids",
+            "padded_full_attention_mask",
+            "padded_agent_token_mask",
+            "padded_per_token_rewards",
+            "padded_logprobs",
+        ]
         row_widths = {len(seq) for k in keys for seq in row[k]}
         assert len(row_widths) == 1
         widths |= row_widths
@@ -118,7 +124,14 @@ def test_save_and_load_round_trip(tasks, hf_agent, tmp_path):
 
 
 def test_failed_episodes_are_kept_as_errors(tasks, tokenizer, tmp_path):
-    ds = run(tasks.select(range(2)), ScriptedAgent(["1 2 3 4"], fail_at={0}), tokenizer, tmp_path, batch_size=1, max_concurrency=1)
+    ds = run(
+        tasks.select(range(2)),
+        ScriptedAgent(["1 2 3 4"], fail_at={0}),
+        tokenizer,
+        tmp_path,
+        batch_size=1,
+        max_concurrency=1,
+    )
     statuses = [s for row in ds["statuses"] for s in row]
     rewards = [r for row in ds["final_rewards"] for r in row]
     errors = [e for row in ds["errors"] for e in row]
@@ -130,7 +143,11 @@ def test_failed_episodes_are_kept_as_errors(tasks, tokenizer, tmp_path):
 
 def test_bad_input_fails_before_any_generation(tokenizer, tmp_path):
     agent = ScriptedAgent(["1 2 3 4"])
-    good = {"env_class_path": "hf_rollouts.envs.mastermind.MastermindEnv", "env_config": {}, "task_data": {"code": [1, 1, 1, 1]}}
+    good = {
+        "env_class_path": "hf_rollouts.envs.mastermind.MastermindEnv",
+        "env_config": {},
+        "task_data": {"code": [1, 1, 1, 1]},
+    }
     bad_config = {**good, "env_config": {"code_length": 0}}
     with pytest.raises(ValueError, match=r"row 1, field 'env_config'"):
         run(to_task_dataset([good, bad_config]), agent, tokenizer, tmp_path)
@@ -160,8 +177,8 @@ def test_cache_key_covers_agents_that_cannot_describe_themselves(tasks, tokenize
 
 
 def test_cache_key_covers_the_env_implementation(tasks, tokenizer, tmp_path, monkeypatch):
+    from hf_rollouts.envs.registry import validate_tasks
     from hf_rollouts.pipeline import RolloutOptions, _EnvCache, rollout_fingerprint
-    from hf_rollouts.schema import validate_tasks
 
     agent, opts = ScriptedAgent(["1"]), RolloutOptions(num_rollouts=1)
     envs = _EnvCache(validate_tasks(tasks), tokenizer)

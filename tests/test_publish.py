@@ -29,15 +29,36 @@ def test_push_sends_data_then_card(monkeypatch):
     card = DatasetCard("---\nlicense: apache-2.0\n---\n# body")
     url = push_rollouts(ds, "me/rollouts", card, private=True, token="t")
     assert url == "https://huggingface.co/datasets/me/rollouts"
-    assert [c[0] for c in calls] == ["data", "card"]  # the card body must come last, or push_to_hub's README rewrite wins
+    assert [c[0] for c in calls] == [
+        "data",
+        "card",
+    ]  # the card body must come last, or push_to_hub's README rewrite wins
     assert calls[0][2]["private"] is True and calls[0][2]["token"] == "t"
     assert calls[1][2]["repo_type"] == "dataset" and "# body" in calls[1][3]
 
 
 def test_cli_generate_pushes_with_the_card(monkeypatch, tmp_path, capsys):
     calls = record_pushes(monkeypatch)
-    rc = main(["generate", "--env", "guess_number", "--num-tasks", "2", "--num-rollouts", "2", "--max-new-tokens", "4",
-               "--output", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c"), "--push-to-hub", "me/gn", "--private"])
+    rc = main(
+        [
+            "generate",
+            "--env",
+            "guess_number",
+            "--num-tasks",
+            "2",
+            "--num-rollouts",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--output",
+            str(tmp_path / "out"),
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--push-to-hub",
+            "me/gn",
+            "--private",
+        ]
+    )
     assert rc == 0 and "pushed to https://huggingface.co/datasets/me/gn" in capsys.readouterr().out
     (data, repo, kwargs, rows, columns), card = calls[0], calls[1]
     assert (data, repo, rows, kwargs["private"]) == ("data", "me/gn", 2, True) and "padded_full_token_ids" in columns
@@ -52,13 +73,18 @@ def test_float16_logprobs_halve_precision_not_structure(tokenizer, tmp_path):
 
     from hf_rollouts.agents.hf import TransformersAgent
     from hf_rollouts.envs.mastermind import MastermindEnv
-    from hf_rollouts.models import build_tiny_model
     from hf_rollouts.pipeline import generate_rollouts
     from hf_rollouts.publish import parquet_files, save_rollouts
+    from hf_rollouts.tiny_model import build_tiny_model
 
     model, tok = build_tiny_model()
-    ds = generate_rollouts(MastermindEnv(tok, {"max_turns": 2}).get_train_dataset(2), TransformersAgent(model, tok, max_new_tokens=6),
-                           2, cache_dir=tmp_path / "c", progress=False)
+    ds = generate_rollouts(
+        MastermindEnv(tok, {"max_turns": 2}).get_train_dataset(2),
+        TransformersAgent(model, tok, max_new_tokens=6),
+        2,
+        cache_dir=tmp_path / "c",
+        progress=False,
+    )
     exact = save_rollouts(ds, tmp_path / "exact")
     half = save_rollouts(ds, tmp_path / "half", logprob_dtype="float16")
     assert load_from_disk(str(exact))["padded_logprobs"] == ds["padded_logprobs"]

@@ -9,7 +9,8 @@ from datasets import Dataset, concatenate_datasets, load_dataset, load_from_disk
 
 from hf_rollouts.envs.guess_number import GuessNumberEnv
 from hf_rollouts.envs.mastermind import MastermindEnv
-from hf_rollouts.schema import TASK_FEATURES, TaskValidationError, to_task_dataset, validate_tasks
+from hf_rollouts.envs.registry import validate_tasks
+from hf_rollouts.schema import TASK_FEATURES, TaskValidationError, to_task_dataset
 
 
 @pytest.fixture()
@@ -39,18 +40,37 @@ def test_mixed_environments_round_trip_exactly(mixed_tasks, tmp_path):
 @pytest.mark.parametrize(
     "rows, message",
     [
-        ([{"env_class_path": "hf_rollouts.envs.mastermind.MastermindEnv", "env_config": {}}], r"missing column\(s\) \['task_data'\]"),
+        (
+            [{"env_class_path": "hf_rollouts.envs.mastermind.MastermindEnv", "env_config": {}}],
+            r"missing column\(s\) \['task_data'\]",
+        ),
         (
             [
-                {"env_class_path": "hf_rollouts.envs.mastermind.MastermindEnv", "env_config": {}, "task_data": {"code": [1, 1, 1, 1]}},
+                {
+                    "env_class_path": "hf_rollouts.envs.mastermind.MastermindEnv",
+                    "env_config": {},
+                    "task_data": {"code": [1, 1, 1, 1]},
+                },
                 {"env_class_path": "hf_rollouts.envs.mastermind.MastermindEnv", "env_config": [1, 2], "task_data": {}},
             ],
             r"row 1: field 'env_config' must be a dict",
         ),
-        ([{"env_class_path": "hf_rollouts.envs.mastermind.MastermindEnv", "env_config": {}, "task_data": "x"}], r"row 0: field 'task_data' must be a dict"),
-        ([{"env_class_path": "hf_rollouts.envs.nope.NopeEnv", "env_config": {}, "task_data": {}}], r"row 0, field 'env_class_path'.*cannot import"),
-        ([{"env_class_path": "hf_rollouts.envs.mastermind.NopeEnv", "env_config": {}, "task_data": {}}], r"row 0, field 'env_class_path'.*no attribute 'NopeEnv'"),
-        ([{"env_class_path": "hf_rollouts.envs.mastermind.env.MastermindState", "env_config": {}, "task_data": {}}], r"not a MultistepEnv subclass"),
+        (
+            [{"env_class_path": "hf_rollouts.envs.mastermind.MastermindEnv", "env_config": {}, "task_data": "x"}],
+            r"row 0: field 'task_data' must be a dict",
+        ),
+        (
+            [{"env_class_path": "hf_rollouts.envs.nope.NopeEnv", "env_config": {}, "task_data": {}}],
+            r"row 0, field 'env_class_path'.*cannot import",
+        ),
+        (
+            [{"env_class_path": "hf_rollouts.envs.mastermind.NopeEnv", "env_config": {}, "task_data": {}}],
+            r"row 0, field 'env_class_path'.*no attribute 'NopeEnv'",
+        ),
+        (
+            [{"env_class_path": "hf_rollouts.envs.mastermind.env.MastermindState", "env_config": {}, "task_data": {}}],
+            r"not a MultistepEnv subclass",
+        ),
     ],
 )
 def test_bad_rows_name_the_row_and_field(rows, message):
@@ -62,14 +82,14 @@ def test_bad_rows_name_the_row_and_field(rows, message):
         validate_tasks(ds)
 
 
-EVIL = '''
+EVIL = """
 import pathlib
 pathlib.Path({marker!r}).write_text("imported")
 from hf_rollouts.envs.guess_number import GuessNumberEnv
 
 class EvilEnv(GuessNumberEnv):
     pass
-'''
+"""
 
 
 def test_untrusted_module_is_never_imported(tmp_path, monkeypatch):
@@ -93,8 +113,15 @@ def test_untrusted_module_is_never_imported(tmp_path, monkeypatch):
 def test_a_model_or_endpoint_named_in_task_data_needs_permission():
     spec = "openai:http://attacker.invalid/v1#x"
     config = {"gamemaster": "agent", "gamemaster_model": spec}
-    ds = to_task_dataset([{"env_class_path": "hf_rollouts.envs.twenty_questions.TwentyQuestionsEnv", "env_config": config,
-                           "task_data": {"solution": "clock"}}])
+    ds = to_task_dataset(
+        [
+            {
+                "env_class_path": "hf_rollouts.envs.twenty_questions.TwentyQuestionsEnv",
+                "env_config": config,
+                "task_data": {"solution": "clock"},
+            }
+        ]
+    )
     with pytest.raises(TaskValidationError, match=r"row 0: field 'env_config'.*gamemaster_model.*--allow-env-model"):
         validate_tasks(ds)
     assert validate_tasks(ds, allowed_env_models=[spec])

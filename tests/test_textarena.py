@@ -14,8 +14,8 @@ pytest.importorskip("textarena")
 
 from hf_rollouts import ScriptedAgent  # noqa: E402
 from hf_rollouts.envs.mastermind import score_guess  # noqa: E402
+from hf_rollouts.envs.registry import class_path  # noqa: E402
 from hf_rollouts.envs.textarena import TextArenaEnv, TextArenaGameUnavailable  # noqa: E402
-from hf_rollouts.schema import class_path  # noqa: E402
 
 OFFLINE_GAMES = ["Mastermind-v0", "GuessTheNumber-v0", "TowerOfHanoi-v0", "FrozenLake-v0"]
 HANOI_SOLUTION = ["[A C]", "[A B]", "[C B]", "[A C]", "[B A]", "[B C]", "[A C]"]
@@ -82,7 +82,9 @@ def test_tower_of_hanoi_scripted_win(tokenizer):
     assert sum(rewards) == 1.0 and all(m == 1 for r, m in zip(rewards, mask) if r)
     conv = out["conversations"][0]
     assert conv[0]["role"] == "user" and "Tower of Hanoi" in conv[0]["content"]
-    assert "You moved disk 1 from A to C" in conv[2]["content"] and "[A C]" not in conv[2]["content"]  # no echo of the move
+    assert (
+        "You moved disk 1 from A to C" in conv[2]["content"] and "[A C]" not in conv[2]["content"]
+    )  # no echo of the move
 
 
 def test_guess_the_number_binary_search_wins(tokenizer):
@@ -122,7 +124,10 @@ def test_same_seed_same_game_and_global_random_untouched(tokenizer):
     assert len(codes) > 1  # different seeds, different games
     out1 = a.run_trial([{"seed": 7}], ScriptedAgent(mastermind_player), num_rollouts=1)
     out2 = b.run_trial([{"seed": 7}], ScriptedAgent(mastermind_player), num_rollouts=1)
-    assert out1["conversations"] == out2["conversations"] and out1["padded_full_token_ids"] == out2["padded_full_token_ids"]
+    assert (
+        out1["conversations"] == out2["conversations"]
+        and out1["padded_full_token_ids"] == out2["padded_full_token_ids"]
+    )
 
 
 def test_concurrent_episodes_stay_reproducible(tokenizer):

@@ -15,9 +15,9 @@ from datasets import Dataset, Features
 from torch.utils.data import DataLoader
 
 from hf_rollouts.envs.guess_number import GuessNumberEnv
-from hf_rollouts.pipeline import ROLLOUT_FEATURES, generate_rollouts
+from hf_rollouts.pipeline import generate_rollouts
 from hf_rollouts.publish import parquet_files, save_rollouts
-from hf_rollouts.schema import TASK_FEATURES
+from hf_rollouts.schema import ROLLOUT_FEATURES, TASK_FEATURES
 from hf_rollouts.training import (
     FLAT_FEATURES,
     RolloutCollator,
@@ -35,14 +35,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _rollout(ids, agent, rewards, logprobs, final, status, turns=1, error=None):
-    return dict(ids=ids, agent=agent, rewards=rewards, logprobs=logprobs, final=final, status=status, turns=turns, error=error)
+    return dict(
+        ids=ids, agent=agent, rewards=rewards, logprobs=logprobs, final=final, status=status, turns=turns, error=error
+    )
 
 
 # Three groups. Group 0: a win, a truncated loss and an error. Group 1: all truncated, all 0 (constant).
 # Group 2: three wins of different size; one rollout has a NaN log-prob on an agent token, one has none at all.
 GROUPS = [
     [
-        _rollout([11, 12, 13, 14, 15, 16], [0, 0, 1, 1, 0, 1], [0, 0, 0, 1.0, 0, 0], [0, 0, -0.5, -0.25, 0, -1.0], 1.0, "done", 2),
+        _rollout(
+            [11, 12, 13, 14, 15, 16],
+            [0, 0, 1, 1, 0, 1],
+            [0, 0, 0, 1.0, 0, 0],
+            [0, 0, -0.5, -0.25, 0, -1.0],
+            1.0,
+            "done",
+            2,
+        ),
         _rollout([21, 22, 23, 24], [0, 0, 1, 1], [0, 0, 0, 0], [0, 0, -2.0, -3.0], 0.0, "truncated"),
         _rollout([31, 32, 33], [0, 0, 1], [0, 0, 0], [0, 0, -0.1], NAN, "error", error="RuntimeError: boom"),
     ],
@@ -77,7 +87,9 @@ def handmade_rollouts() -> Dataset:
                 "padded_full_attention_mask": [_pad([1] * len(r["ids"]), w, 0) for r in group],
                 "padded_agent_token_mask": [_pad(r["agent"], w, 0) for r in group],
                 # token-level agent: every agent id was sampled; the text-only rollout (no log-probs) was re-tokenized
-                "padded_sampled_token_mask": [_pad(r["agent"] if r["logprobs"] else [0] * len(r["ids"]), w, 0) for r in group],
+                "padded_sampled_token_mask": [
+                    _pad(r["agent"] if r["logprobs"] else [0] * len(r["ids"]), w, 0) for r in group
+                ],
                 "padded_per_token_rewards": [_pad(r["rewards"], w, 0.0) for r in group],
                 "padded_logprobs": [_pad(r["logprobs"], w, 0.0) for r in group],
                 "final_rewards": [r["final"] for r in group],
@@ -123,7 +135,9 @@ def test_flatten_trims_and_scores_each_rollout_within_its_group():
     rows = _by_key(flat)
     assert sorted(rows) == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]  # the error (0, 2) is gone
     r = rows[(0, 1)]  # trimmed to its real length: no per-task padding left
-    assert r["input_ids"] == [21, 22, 23, 24] and r["attention_mask"] == [1, 1, 1, 1] and r["agent_mask"] == [0, 0, 1, 1]
+    assert (
+        r["input_ids"] == [21, 22, 23, 24] and r["attention_mask"] == [1, 1, 1, 1] and r["agent_mask"] == [0, 0, 1, 1]
+    )
     assert r["old_logprobs"] == [0, 0, -2.0, -3.0] and r["status"] == "truncated" and r["final_reward"] == 0.0
     assert rows[(2, 1)]["old_logprobs"] is None and rows[(2, 1)]["input_ids"] == [81, 82, 83, 84]
     assert rows[(2, 1)]["sampled_mask"] == [0, 0, 0, 0] and rows[(0, 0)]["sampled_mask"] == [0, 0, 1, 1, 0, 1]
@@ -136,9 +150,17 @@ def test_flatten_trims_and_scores_each_rollout_within_its_group():
         assert rows[(2, k)]["advantage"] == pytest.approx((r - G2_MEAN) / (G2_STD + EPS), rel=1e-6)
     assert all(rows[(1, k)]["advantage"] == 0.0 for k in range(3))  # constant group: no signal
     assert report.to_dict() == {
-        "groups_in": 3, "rollouts_in": 9, "errors": 1, "errors_dropped": 1, "truncated": 4, "truncated_dropped": 0,
-        "constant_groups": 1, "constant_groups_dropped": 0, "constant_group_rollouts_dropped": 0,
-        "groups_out": 3, "rollouts_out": 8,
+        "groups_in": 3,
+        "rollouts_in": 9,
+        "errors": 1,
+        "errors_dropped": 1,
+        "truncated": 4,
+        "truncated_dropped": 0,
+        "constant_groups": 1,
+        "constant_groups_dropped": 0,
+        "constant_group_rollouts_dropped": 0,
+        "groups_out": 3,
+        "rollouts_out": 8,
     }
 
 
@@ -160,7 +182,11 @@ def test_advantages_sum_to_zero_per_group(mode, hf_agent, tokenizer, tmp_path):
 
 
 def test_group_advantages_contract():
-    assert group_advantages([3.0, 1.0, NAN], ["done", "done", "error"], "grpo", eps=0.0) == [1.0, -1.0, pytest.approx(NAN, nan_ok=True)]
+    assert group_advantages([3.0, 1.0, NAN], ["done", "done", "error"], "grpo", eps=0.0) == [
+        1.0,
+        -1.0,
+        pytest.approx(NAN, nan_ok=True),
+    ]
     assert all(math.isnan(a) for a in group_advantages([1.0, 0.0], ["done", "done"], "per_token"))
     assert all(math.isnan(a) for a in group_advantages([NAN, NAN], ["error", "error"], "grpo"))
     assert group_advantages([5.0], ["done"], "grpo") == [0.0]
@@ -208,7 +234,9 @@ def test_constant_groups_dropped_and_counted():
     both = prepare_rollouts(handmade_rollouts(), flatten=True, drop_constant_groups=True, keep_truncated=False).report
     assert both.constant_groups_dropped == 1 and both.constant_group_rollouts_dropped == 0  # counted once, as truncated
     for r in (report, both, prepare_rollouts(handmade_rollouts(), flatten=True, drop_errors=False).report):
-        assert r.rollouts_in == r.rollouts_out + r.errors_dropped + r.truncated_dropped + r.constant_group_rollouts_dropped
+        assert (
+            r.rollouts_in == r.rollouts_out + r.errors_dropped + r.truncated_dropped + r.constant_group_rollouts_dropped
+        )
 
 
 def test_unflattened_rows_keep_the_task_layout_with_kept_rollouts_only():
@@ -231,7 +259,7 @@ def test_loads_from_disk_parquet_and_hub_id(tmp_path, monkeypatch):
         prepared = prepare_rollouts(source, flatten=True)
         assert _nan_safe(prepared.dataset.to_list()) == expected, source
         assert prepared.report.errors_dropped == 1
-    import hf_rollouts.training as training
+    import hf_rollouts.sources as training
 
     calls = []
 
@@ -257,12 +285,21 @@ def test_collator_pads_right_and_masks_exactly():
     rows = _by_key(prepare_rollouts(handmade_rollouts(), flatten=True).dataset)
     batch = RolloutCollator(P)([rows[(0, 0)], rows[(0, 1)], rows[(2, 0)], rows[(2, 1)]])
     assert {k: tuple(v.shape) for k, v in batch.items()} == {
-        "input_ids": (4, 6), "attention_mask": (4, 6), "loss_mask": (4, 6), "per_token_rewards": (4, 6),
-        "advantages": (4, 6), "old_logprobs": (4, 6), "final_rewards": (4,), "group_ids": (4,),
+        "input_ids": (4, 6),
+        "attention_mask": (4, 6),
+        "loss_mask": (4, 6),
+        "per_token_rewards": (4, 6),
+        "advantages": (4, 6),
+        "old_logprobs": (4, 6),
+        "final_rewards": (4,),
+        "group_ids": (4,),
     }
     assert batch["input_ids"].dtype == torch.long and batch["loss_mask"].dtype == torch.float32
     assert batch["input_ids"].tolist() == [
-        [11, 12, 13, 14, 15, 16], [21, 22, 23, 24, P, P], [71, 72, 73, 74, 75, P], [81, 82, 83, 84, P, P]
+        [11, 12, 13, 14, 15, 16],
+        [21, 22, 23, 24, P, P],
+        [71, 72, 73, 74, 75, P],
+        [81, 82, 83, 84, P, P],
     ]
     assert batch["attention_mask"].tolist() == [[1] * 6, [1] * 4 + [0] * 2, [1] * 5 + [0], [1] * 4 + [0] * 2]
     assert batch["loss_mask"].tolist() == [
@@ -272,9 +309,17 @@ def test_collator_pads_right_and_masks_exactly():
         [0, 0, 0, 0, 0, 0],  # no old log-probs at all (text-only agent)
     ]
     assert batch["old_logprobs"].tolist() == [
-        [0, 0, -0.5, -0.25, 0, -1.0], [0, 0, -2.0, -3.0, 0, 0], [0, 0, -1.0, 0, -1.0, 0], [0] * 6
+        [0, 0, -0.5, -0.25, 0, -1.0],
+        [0, 0, -2.0, -3.0, 0, 0],
+        [0, 0, -1.0, 0, -1.0, 0],
+        [0] * 6,
     ]
-    assert batch["per_token_rewards"].tolist() == [[0, 0, 0, 1.0, 0, 0], [0] * 6, [0, 0, 0, 0, 2.0, 0], [0, 0, 0, 0.5, 0, 0]]
+    assert batch["per_token_rewards"].tolist() == [
+        [0, 0, 0, 1.0, 0, 0],
+        [0] * 6,
+        [0, 0, 0, 0, 2.0, 0],
+        [0, 0, 0, 0.5, 0, 0],
+    ]
     a0, a1, a2 = 0.5 / (0.5 + EPS), -0.5 / (0.5 + EPS), (2.0 - G2_MEAN) / (G2_STD + EPS)
     expected = torch.tensor([[0, 0, a0, a0, 0, a0], [0, 0, a1, a1, 0, 0], [0, 0, a2, 0, a2, 0], [0] * 6])
     torch.testing.assert_close(batch["advantages"], expected.float())
@@ -338,7 +383,9 @@ def test_token_logprobs_match_the_sampling_logprobs(real_batch, tiny):
     i, t = (int(x) for x in mask.nonzero()[0])
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"][i : i + 1, :t]).logits[0, -1]
-    assert lp[i, t].item() == pytest.approx(torch.log_softmax(logits / 0.7, -1)[batch["input_ids"][i, t]].item(), abs=1e-5)
+    assert lp[i, t].item() == pytest.approx(
+        torch.log_softmax(logits / 0.7, -1)[batch["input_ids"][i, t]].item(), abs=1e-5
+    )
 
 
 def test_gradient_is_exactly_zero_outside_agent_tokens(real_batch):

@@ -1,28 +1,10 @@
-"""Environments, and the short-name registry the CLI uses.
+"""Environments: the :class:`~.base.MultistepEnv` base class, the games, and the registry.
 
 ``ENV_REGISTRY`` maps a short name to a class path; classes are imported lazily
-so that listing names costs nothing.
+(by :func:`~.registry.get_env_class`) so that listing names costs nothing.
 """
 
-from __future__ import annotations
+from .base import MultistepEnv
+from .registry import ENV_REGISTRY, get_env_class
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .base import MultistepEnv
-
-ENV_REGISTRY: dict[str, str] = {
-    "twenty_questions": "hf_rollouts.envs.twenty_questions.TwentyQuestionsEnv",
-    "mastermind": "hf_rollouts.envs.mastermind.MastermindEnv",
-    "guess_number": "hf_rollouts.envs.guess_number.GuessNumberEnv",
-}
-
-
-def get_env_class(name: str) -> "type[MultistepEnv]":
-    """Resolve a short name (``twenty_questions``) or a full class path under ``hf_rollouts.envs``."""
-    from ..schema import resolve_env_class
-
-    path = ENV_REGISTRY.get(name, name)
-    if "." not in path:
-        raise KeyError(f"Unknown environment {name!r}. Known names: {sorted(ENV_REGISTRY)}.")
-    return resolve_env_class(path)
+__all__ = ["ENV_REGISTRY", "MultistepEnv", "get_env_class"]

@@ -51,7 +51,9 @@ class GuessNumberEnv(MultistepEnv):
             return f"Guess the number between {self.low} and {self.high}. Answer with one number."
         return state.last_message
 
-    def _step_episode(self, session_id: str, state: GuessState, action: str) -> tuple[GuessState, float, bool, dict[str, Any]]:
+    def _step_episode(
+        self, session_id: str, state: GuessState, action: str
+    ) -> tuple[GuessState, float, bool, dict[str, Any]]:
         match = re.search(r"-?\d+", action)
         if match is None:
             state.last_message = f"No number found. Answer with one number from {self.low} to {self.high}."

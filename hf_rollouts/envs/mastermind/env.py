@@ -51,7 +51,10 @@ class MastermindEnv(MultistepEnv):
         self.allow_duplicates = bool(self.env_config.get("allow_duplicates", True))
         self.invalid_penalty = float(self.env_config.get("invalid_penalty", 0.0))
         if not 1 <= self.num_symbols <= 9 or self.code_length < 1:
-            raise ValueError(f"mastermind needs 1 <= num_symbols <= 9 and code_length >= 1, got {self.num_symbols}, {self.code_length}.")
+            raise ValueError(
+                f"mastermind needs 1 <= num_symbols <= 9 and code_length >= 1, got {self.num_symbols}, "
+                f"{self.code_length}."
+            )
         if not self.allow_duplicates and self.code_length > self.num_symbols:
             raise ValueError("allow_duplicates=False needs code_length <= num_symbols.")
 
@@ -68,15 +71,19 @@ class MastermindEnv(MultistepEnv):
     def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> MastermindState:
         code = [int(x) for x in task_data["code"]]
         if len(code) != self.code_length or not all(1 <= x <= self.num_symbols for x in code):
-            raise ValueError(f"task_data['code'] {code} does not fit code_length={self.code_length}, num_symbols={self.num_symbols}.")
+            raise ValueError(
+                f"task_data['code'] {code} does not fit code_length={self.code_length}, num_symbols={self.num_symbols}."
+            )
         return MastermindState(code=code)
 
     def _format_prompt(self, state: MastermindState, step: int) -> str:
         if step == 0:
             return (
                 f"Let's play Mastermind. I picked a secret code of {self.code_length} digits, each from 1 to "
-                f"{self.num_symbols}{'' if self.allow_duplicates else ', all different'}. Guess it in at most {self.max_turns} tries. "
-                "After each guess you get black pegs (right digit, right place) and white pegs (right digit, wrong place). "
+                f"{self.num_symbols}{'' if self.allow_duplicates else ', all different'}. Guess it in at most "
+                f"{self.max_turns} tries. "
+                "After each guess you get black pegs (right digit, right place) and white pegs (right digit, wrong "
+                "place). "
                 f"Answer with your guess as {self.code_length} digits separated by spaces, e.g. "
                 f"{' '.join(str(1 + i % self.num_symbols) for i in range(self.code_length))}."
             )
@@ -91,7 +98,9 @@ class MastermindEnv(MultistepEnv):
             return None
         return guess
 
-    def _step_episode(self, session_id: str, state: MastermindState, action: str) -> tuple[MastermindState, float, bool, dict[str, Any]]:
+    def _step_episode(
+        self, session_id: str, state: MastermindState, action: str
+    ) -> tuple[MastermindState, float, bool, dict[str, Any]]:
         guess = self._parse(action)
         if guess is None:
             state.last_message = (

@@ -63,10 +63,11 @@ import json
 import random
 import re
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -96,7 +97,17 @@ DEFAULT_EMPTY_OBSERVATION = "(No new message from the game. Make your next move.
 # Markers, in a game module's source, of a game that calls a hosted model during play.
 _HOSTED_MODEL_MARKERS = re.compile(r"OpenRouter\w*|\bta\.agents\.\w+|\btextarena\.agents\b|\bJury\b|make_online")
 _NLTK_DOWNLOAD = re.compile(r"nltk\.download\(([^)]*)\)")
-_NLTK_CATEGORIES = ("corpora", "taggers", "tokenizers", "chunkers", "models", "misc", "stemmers", "grammars", "sentiment")
+_NLTK_CATEGORIES = (
+    "corpora",
+    "taggers",
+    "tokenizers",
+    "chunkers",
+    "models",
+    "misc",
+    "stemmers",
+    "grammars",
+    "sentiment",
+)
 
 _GLOBAL_RANDOM_LOCK = threading.RLock()
 """Serialises every use of the process-wide ``random`` / ``numpy.random`` state by TextArena games."""
@@ -111,7 +122,9 @@ def import_textarena() -> Any:
     try:
         import textarena
     except ImportError as exc:
-        raise ImportError(f"TextArenaEnv needs the optional dependency 'textarena' ({exc}). Install it with: {INSTALL_HINT}") from exc
+        raise ImportError(
+            f"TextArenaEnv needs the optional dependency 'textarena' ({exc}). Install it with: {INSTALL_HINT}"
+        ) from exc
     return textarena
 
 
@@ -245,7 +258,8 @@ class TextArenaEnv(MultistepEnv):
             if not isinstance(getattr(core, "state", None), ta.SinglePlayerState):
                 raise TextArenaGameUnavailable(
                     f"TextArena game {self.env_id!r} is not a single-player game "
-                    f"(its state is {type(getattr(core, 'state', None)).__name__}); TextArenaEnv plays single-player games only"
+                    f"(its state is {type(getattr(core, 'state', None)).__name__}); TextArenaEnv plays single-player "
+                    "games only"
                 )
             player_id, observations = core.get_observation()
         episode.game, episode.core, episode.player_id = game, core, int(player_id)
@@ -276,7 +290,9 @@ class TextArenaEnv(MultistepEnv):
             return result[0], result[1] if isinstance(result[1], dict) else None
         if isinstance(result, dict) or result is None:
             return result, None
-        raise TypeError(f"TextArena close() returned {type(result).__name__}; expected rewards or (rewards, game_info).")
+        raise TypeError(
+            f"TextArena close() returned {type(result).__name__}; expected rewards or (rewards, game_info)."
+        )
 
     # -- hooks ------------------------------------------------------------------
     def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> TextArenaEpisode:
@@ -289,7 +305,9 @@ class TextArenaEnv(MultistepEnv):
     def _format_prompt(self, state: TextArenaEpisode, step: int) -> str:
         return state.message
 
-    def _step_episode(self, session_id: str, state: TextArenaEpisode, action: str) -> tuple[TextArenaEpisode, float, bool, dict[str, Any]]:
+    def _step_episode(
+        self, session_id: str, state: TextArenaEpisode, action: str
+    ) -> tuple[TextArenaEpisode, float, bool, dict[str, Any]]:
         if state.done:
             raise RuntimeError(f"TextArena game {self.env_id!r} (seed {state.seed}) is already over.")
         with _swapped_global_random(state):
@@ -340,7 +358,8 @@ class TextArenaEnv(MultistepEnv):
                 break
             if tries >= budget:
                 raise ValueError(
-                    f"TextArena game {self.env_id!r}: found only {len(out)} distinct {split} games (wanted {n}) in {budget} seeds "
+                    f"TextArena game {self.env_id!r}: found only {len(out)} distinct {split} games (wanted {n}) in "
+                    f"{budget} seeds "
                     "with disjoint_games=True; the game has few distinct games — lower num_tasks / num_eval_tasks."
                 )
             key = self._game_key(seed)
@@ -367,7 +386,10 @@ class TextArenaEnv(MultistepEnv):
             return [{"seed": next(seeds)} for _ in range(n)]
         if split == "eval":
             if n > self.num_eval_tasks:
-                raise ValueError(f"disjoint_games=True keeps a fixed eval pool of num_eval_tasks={self.num_eval_tasks}; asked for {n}.")
+                raise ValueError(
+                    f"disjoint_games=True keeps a fixed eval pool of num_eval_tasks={self.num_eval_tasks}; asked for "
+                    f"{n}."
+                )
             return [{"seed": s} for s, _ in self._distinct("eval", self.num_eval_tasks, set())[:n]]
         eval_keys = {k for _, k in self._distinct("eval", self.num_eval_tasks, set())}
         return [{"seed": s} for s, _ in self._distinct("train", n, eval_keys)]

@@ -79,7 +79,11 @@ class TwentyQuestionsEnv(MultistepEnv):
         import json
 
         kb = hashlib.sha256(json.dumps(self.kb.objects, sort_keys=True).encode()).hexdigest()[:16]
-        gm = self.gamemaster.fingerprint() if hasattr(self.gamemaster, "fingerprint") else type(self.gamemaster).__qualname__
+        gm = (
+            self.gamemaster.fingerprint()
+            if hasattr(self.gamemaster, "fingerprint")
+            else type(self.gamemaster).__qualname__
+        )
         return {**super().fingerprint(), "knowledge_base": kb, "gamemaster": gm}
 
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
@@ -103,7 +107,8 @@ class TwentyQuestionsEnv(MultistepEnv):
             kind = "a hard-to-guess object" if self.hardcore else "an everyday object"
             return (
                 f"Let's play Twenty Questions. I am thinking of {kind}. Ask me yes-or-no questions, one per turn, "
-                f"and I will answer Yes, No or I don't know. When you think you know it, guess with 'Is it a <object>?'. "
+                "and I will answer Yes, No or I don't know. When you think you know it, guess with 'Is it a "
+                "<object>?'. "
                 f"You have {self.max_turns} turns. Ask your first question."
             )
         return state.last_message

@@ -44,7 +44,8 @@ _STRIP = " \t\r\n\"'`*"
 
 
 def parse_answer(text: str) -> str | None:
-    """``"Yes"``, ``"No"`` or ``"I don't know"`` if ``text`` is exactly one of them (leniently spelled), else ``None``."""
+    """``"Yes"``, ``"No"`` or ``"I don't know"`` if ``text`` is exactly one of them (leniently spelled), else "
+    "``None``."""
     value = str(text).replace("\u2019", "'").strip(_STRIP)
     value = re.sub(r"[.!]$", "", value).strip(_STRIP).lower()
     value = " ".join(value.split())
@@ -134,11 +135,16 @@ def gamemaster_from_config(env_config: dict[str, Any], tokenizer: Any = None) ->
         # api_key="": a host named in (possibly untrusted) task data never receives the user's API key;
         # pass an AgentGamemaster built by hand for an authenticated endpoint.
         agent: Agent = OpenAIChatAgent.from_spec(
-            spec, api_key="", temperature=temperature, max_tokens=max_tokens, request_token_ids=False, request_logprobs=False
+            spec,
+            api_key="",
+            temperature=temperature,
+            max_tokens=max_tokens,
+            request_token_ids=False,
+            request_logprobs=False,
         )
     else:
-        from ...agents.hf import SamplingConfig
         from ...agents.loading import load_agent
+        from ...agents.sampling import SamplingConfig
 
         agent = load_agent(spec, SamplingConfig(temperature=temperature, max_new_tokens=max_tokens))
     return AgentGamemaster(agent, system_prompt=env_config.get("gamemaster_system_prompt") or DEFAULT_SYSTEM_PROMPT)

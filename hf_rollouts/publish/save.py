@@ -44,7 +44,9 @@ def with_logprob_dtype(ds: Dataset, dtype: str) -> Dataset:
     return ds.cast(features)
 
 
-def save_rollouts(ds: Dataset, output_dir: str | Path, card: DatasetCard | None = None, *, logprob_dtype: str = "float32") -> Path:
+def save_rollouts(
+    ds: Dataset, output_dir: str | Path, card: DatasetCard | None = None, *, logprob_dtype: str = "float32"
+) -> Path:
     """Write ``ds`` with ``save_to_disk`` and as parquet, plus ``README.md`` when a card is given.
 
     ``logprob_dtype="float16"`` stores the sampling log-probabilities at half precision

@@ -1,4 +1,4 @@
-"""Token bookkeeping for one episode, and per-task padding of finished episodes.
+"""Token bookkeeping for one episode.
 
 :class:`EpisodeRecorder` is the only place that appends to an episode's token
 sequence, so the token-level contracts are enforced in one spot:
@@ -12,10 +12,11 @@ sequence, so the token-level contracts are enforced in one spot:
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from .chat import ChatDelta
-from .types import Action, AgentRequest, Episode, Message, Status, Turn
+from ..chat import ChatDelta
+from ..types import Action, AgentRequest, Episode, Message, Status, Turn
 
 REWARD_PLACEMENTS = ("last", "spread")
 """How a step reward lands on tokens. ``"last"`` (default): the whole reward on
@@ -46,7 +47,9 @@ class EpisodeRecorder:
         self._last_agent_ids: list[int] = []
         self.cut_turns = 0  # agent turns that hit the token budget before an end-of-turn token
 
-    def _append(self, ids: Sequence[int], agent: bool, logprobs: Sequence[float] | None = None, sampled: bool = False) -> None:
+    def _append(
+        self, ids: Sequence[int], agent: bool, logprobs: Sequence[float] | None = None, sampled: bool = False
+    ) -> None:
         self.ids.extend(ids)
         self.mask.extend([int(agent)] * len(ids))
         self.sampled.extend([int(sampled)] * len(ids))
@@ -59,7 +62,9 @@ class EpisodeRecorder:
     def add_env_message(self, content: str, system: str | None = None) -> None:
         """Append the environment's message (and, first turn only, an optional system prompt)."""
         if not self.ids:
-            opening = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+            opening = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": content}
+            ]
             self.messages.extend(opening)
             self._append(self.chat.initial_ids(opening), agent=False)
         else:
@@ -78,7 +83,7 @@ class EpisodeRecorder:
 
     def add_action(self, action: Action) -> str:
         """Append the agent's tokens; returns the action text the environment must parse."""
-        prompt_len = len(self.ids)
+        start = len(self.ids)
         if action.token_ids is not None:
             ids = list(action.token_ids)
             if action.logprobs is not None:
@@ -89,7 +94,7 @@ class EpisodeRecorder:
             self._append(ids, agent=True)
         self._last_agent_ids = ids
         self.messages.append({"role": "assistant", "content": action.text})
-        self.turns.append(Turn(prompt_len=prompt_len, start=prompt_len, end=len(self.ids), action=action.text, reward=0.0))
+        self.turns.append(Turn(start=start, end=len(self.ids), action=action.text, reward=0.0))
         self.cut_turns += int(not action.stopped)
         return action.text
 
@@ -134,46 +139,3 @@ class EpisodeRecorder:
         )
         episode.check()
         return episode
-
-
-PADDED_SEQUENCE_KEYS = {
-    # output key: (episode key, pad value or "pad_token")
-    "padded_full_token_ids": ("full_token_ids", "pad_token"),
-    "padded_full_attention_mask": ("full_attention_mask", 0),
-    "padded_agent_token_mask": ("agent_token_mask", 0),
-    "padded_sampled_token_mask": ("sampled_token_mask", 0),
-    "padded_per_token_rewards": ("per_token_rewards", 0.0),
-    "padded_logprobs": ("logprobs", 0.0),
-}
-PER_ROLLOUT_KEYS = {
-    # output key: episode key
-    "final_rewards": "final_reward",
-    "num_turns": "num_turns",
-    "num_cut_turns": "num_cut_turns",
-    "statuses": "status",
-    "errors": "error",
-    "conversations": "messages",
-}
-
-
-def pad_task(episodes: list[dict[str, Any]], pad_token_id: int) -> dict[str, list]:
-    """Right-pad one task's rollouts to the longest of them.
-
-    ``episodes`` are R4 dictionaries (see :meth:`~hf_rollouts.types.Episode.to_dict`).
-    Ids are padded with ``pad_token_id``; masks, rewards and log-probabilities
-    with 0. An episode without log-probabilities keeps ``None``. Returns one
-    list per key of :data:`PADDED_SEQUENCE_KEYS` and :data:`PER_ROLLOUT_KEYS`,
-    each with ``len(episodes)`` entries.
-    """
-    if not episodes:
-        raise ValueError("pad_task needs at least one episode.")
-    width = max(len(e["full_token_ids"]) for e in episodes)
-    out: dict[str, list] = {}
-    for key, (src, pad) in PADDED_SEQUENCE_KEYS.items():
-        value = pad_token_id if pad == "pad_token" else pad
-        out[key] = [
-            None if e[src] is None else list(e[src]) + [value] * (width - len(e[src])) for e in episodes
-        ]
-    for key, src in PER_ROLLOUT_KEYS.items():
-        out[key] = [e[src] for e in episodes]
-    return out

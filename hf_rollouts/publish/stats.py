@@ -58,7 +58,16 @@ def _short_env(path: str) -> str:
 
 def compute_stats(ds: Dataset) -> RolloutStats:
     """Statistics over every rollout of a rollout dataset (see module docstring for definitions)."""
-    cols = ds.select_columns(["env_class_path", "final_rewards", "statuses", "num_turns", "padded_full_attention_mask", "padded_agent_token_mask"])
+    cols = ds.select_columns(
+        [
+            "env_class_path",
+            "final_rewards",
+            "statuses",
+            "num_turns",
+            "padded_full_attention_mask",
+            "padded_agent_token_mask",
+        ]
+    )
     rewards, statuses, turns, tokens, agent_tokens, task_solved = [], [], [], [], [], []
     envs: Counter[str] = Counter()
     k = 0
@@ -67,7 +76,13 @@ def compute_stats(ds: Dataset) -> RolloutStats:
         envs[_short_env(row["env_class_path"])] += 1
         k = max(k, len(row["final_rewards"]))
         solved_any = False
-        for r, s, t, am, ag in zip(row["final_rewards"], row["statuses"], row["num_turns"], row["padded_full_attention_mask"], row["padded_agent_token_mask"]):
+        for r, s, t, am, ag in zip(
+            row["final_rewards"],
+            row["statuses"],
+            row["num_turns"],
+            row["padded_full_attention_mask"],
+            row["padded_agent_token_mask"],
+        ):
             rewards.append(r)
             statuses.append(s)
             turns.append(t)

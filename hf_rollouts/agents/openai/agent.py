@@ -59,7 +59,6 @@ honours per-request seeds is up to the server.
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import ipaddress
 import json
@@ -74,8 +73,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..types import Action, AgentRequest, Message
-from .base import Agent
+from ...seeding import derive_seed
+from ...types import Action, AgentRequest, Message
+from ..base import Agent
+from ..sampling import SamplingConfig
 
 TOKEN_MISMATCH_POLICIES = ("text", "keep", "error")
 SPEC_PREFIX = "openai:"
@@ -89,35 +90,55 @@ class OpenAIRequestError(RuntimeError):
 class OpenAISettings:
     """Connection and sampling settings of an :class:`OpenAIChatAgent`."""
 
-    base_url: str = field(default="http://127.0.0.1:8000/v1", metadata={"help": "API root, e.g. http://127.0.0.1:8000/v1 ('/v1' is added if missing)."})
+    base_url: str = field(
+        default="http://127.0.0.1:8000/v1",
+        metadata={"help": "API root, e.g. http://127.0.0.1:8000/v1 ('/v1' is added if missing)."},
+    )
     model: str = field(default="", metadata={"help": "Model name the server knows (the request's 'model')."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (0 = greedy)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
     max_tokens: int = field(default=256, metadata={"help": "Token budget of one agent turn."})
     seed: int | None = field(default=0, metadata={"help": "Base of the per-request seeds; None sends no seed."})
     concurrency: int = field(default=16, metadata={"help": "Requests in flight at once."})
-    timeout: float = field(default=60.0, metadata={"help": "Socket timeout per attempt, seconds (connect and each read)."})
-    max_retries: int = field(default=3, metadata={"help": "Retries after the first attempt (connection errors, timeouts, 5xx, 429)."})
+    timeout: float = field(
+        default=60.0, metadata={"help": "Socket timeout per attempt, seconds (connect and each read)."}
+    )
+    max_retries: int = field(
+        default=3, metadata={"help": "Retries after the first attempt (connection errors, timeouts, 5xx, 429)."}
+    )
     backoff: float = field(default=0.5, metadata={"help": "First retry delay, seconds; doubles each retry."})
     max_backoff: float = field(default=8.0, metadata={"help": "Cap on one retry delay, seconds."})
     request_logprobs: bool = field(default=True, metadata={"help": "Send 'logprobs': true."})
-    request_token_ids: bool = field(default=True, metadata={"help": "Send 'return_token_ids': true (vLLM); False for servers that reject it."})
-    on_token_mismatch: str = field(default="text", metadata={"help": "'text' (drop ids), 'keep' or 'error' when returned ids fail the checks."})
-    extra_body: dict[str, Any] = field(default_factory=dict, metadata={"help": "Extra request fields (e.g. {'stop': [...], 'top_k': 20})."})
-    api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "Environment variable holding the API key (sent as a Bearer token if set)."})
+    request_token_ids: bool = field(
+        default=True, metadata={"help": "Send 'return_token_ids': true (vLLM); False for servers that reject it."}
+    )
+    on_token_mismatch: str = field(
+        default="text", metadata={"help": "'text' (drop ids), 'keep' or 'error' when returned ids fail the checks."}
+    )
+    extra_body: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "Extra request fields (e.g. {'stop': [...], 'top_k': 20})."}
+    )
+    api_key_env: str = field(
+        default="OPENAI_API_KEY",
+        metadata={"help": "Environment variable holding the API key (sent as a Bearer token if set)."},
+    )
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("OpenAISettings.model is required: the model name the server serves.")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_tokens < 1:
-            raise ValueError(
-                f"Invalid sampling settings temperature={self.temperature}, top_p={self.top_p}, max_tokens={self.max_tokens}: "
-                "need temperature >= 0, 0 < top_p <= 1, max_tokens >= 1."
-            )
-        if self.concurrency < 1 or self.timeout <= 0 or self.max_retries < 0 or self.backoff < 0 or self.max_backoff < 0:
+        SamplingConfig(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_tokens)  # validates
+        if (
+            self.concurrency < 1
+            or self.timeout <= 0
+            or self.max_retries < 0
+            or self.backoff < 0
+            or self.max_backoff < 0
+        ):
             raise ValueError("Need concurrency >= 1, timeout > 0, max_retries >= 0, backoff >= 0 and max_backoff >= 0.")
         if self.on_token_mismatch not in TOKEN_MISMATCH_POLICIES:
-            raise ValueError(f"on_token_mismatch must be one of {TOKEN_MISMATCH_POLICIES}, got {self.on_token_mismatch!r}.")
+            raise ValueError(
+                f"on_token_mismatch must be one of {TOKEN_MISMATCH_POLICIES}, got {self.on_token_mismatch!r}."
+            )
         if urllib.parse.urlsplit(self.base_url).scheme not in ("http", "https"):
             raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}.")
 
@@ -135,7 +156,9 @@ def chat_completions_url(base_url: str) -> str:
 def parse_openai_spec(spec: str) -> tuple[str, str]:
     """``"openai:BASE_URL#MODEL"`` -> ``(BASE_URL, MODEL)`` (the CLI's ``--model`` form)."""
     if not spec.startswith(SPEC_PREFIX) or "#" not in spec:
-        raise ValueError(f"An OpenAI-compatible model spec looks like 'openai:http://127.0.0.1:8000/v1#MODEL_NAME', got {spec!r}.")
+        raise ValueError(
+            f"An OpenAI-compatible model spec looks like 'openai:http://127.0.0.1:8000/v1#MODEL_NAME', got {spec!r}."
+        )
     base_url, _, model = spec[len(SPEC_PREFIX) :].rpartition("#")
     if not base_url or not model:
         raise ValueError(f"Spec {spec!r} needs both a base URL and a model name: 'openai:BASE_URL#MODEL'.")
@@ -174,7 +197,14 @@ class OpenAIChatAgent(Agent):
 
     thread_safe = True  # answers may be requested from several threads at once (e.g. by a gamemaster)
 
-    def __init__(self, settings: OpenAISettings | None = None, *, tokenizer: Any = None, api_key: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        settings: OpenAISettings | None = None,
+        *,
+        tokenizer: Any = None,
+        api_key: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         if settings is not None and kwargs:
             raise TypeError("Pass either OpenAISettings or its fields as keyword arguments, not both.")
         self.settings = settings or OpenAISettings(**kwargs)
@@ -191,10 +221,23 @@ class OpenAIChatAgent(Agent):
         handlers = [urllib.request.ProxyHandler({})] if _is_loopback(self.endpoint) else []
         self._opener = urllib.request.build_opener(*handlers)
         if not hasattr(self, "stats"):
-            self.stats = {k: 0 for k in ("requests", "attempts", "retries", "failures", "token_exact", "text_fallbacks", "token_mismatches")}
+            self.stats = {
+                k: 0
+                for k in (
+                    "requests",
+                    "attempts",
+                    "retries",
+                    "failures",
+                    "token_exact",
+                    "text_fallbacks",
+                    "token_mismatches",
+                )
+            }
 
     @classmethod
-    def from_spec(cls, spec: str, *, tokenizer: Any = None, api_key: str | None = None, **kwargs: Any) -> "OpenAIChatAgent":
+    def from_spec(
+        cls, spec: str, *, tokenizer: Any = None, api_key: str | None = None, **kwargs: Any
+    ) -> OpenAIChatAgent:
         """Build from ``"openai:BASE_URL#MODEL"`` plus any other :class:`OpenAISettings` fields."""
         base_url, model = parse_openai_spec(spec)
         return cls(OpenAISettings(base_url=base_url, model=model, **kwargs), tokenizer=tokenizer, api_key=api_key)
@@ -217,7 +260,7 @@ class OpenAIChatAgent(Agent):
         if pool is not None:
             pool.shutdown(wait=True)
 
-    def __enter__(self) -> "OpenAIChatAgent":
+    def __enter__(self) -> OpenAIChatAgent:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -226,7 +269,9 @@ class OpenAIChatAgent(Agent):
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=self.settings.concurrency, thread_name_prefix="hf-rollouts-openai")
+                self._pool = ThreadPoolExecutor(
+                    max_workers=self.settings.concurrency, thread_name_prefix="hf-rollouts-openai"
+                )
             return self._pool
 
     def _count(self, key: str, n: int = 1) -> None:
@@ -258,8 +303,13 @@ class OpenAIChatAgent(Agent):
             try:
                 results.append((future.result(), requests[i].agent_state))
             except Exception as exc:
-                results.append(exc if isinstance(exc, OpenAIRequestError) else OpenAIRequestError(
-                    f"chat-completions request for session {requests[i].session_id or i!r} failed: {exc}"))
+                results.append(
+                    exc
+                    if isinstance(exc, OpenAIRequestError)
+                    else OpenAIRequestError(
+                        f"chat-completions request for session {requests[i].session_id or i!r} failed: {exc}"
+                    )
+                )
         return results
 
     def fingerprint(self) -> dict[str, Any]:
@@ -298,8 +348,7 @@ class OpenAIChatAgent(Agent):
         """The seed sent with ``request``: distinct per run seed, episode and turn."""
         if self.settings.seed is None:
             return None
-        key = f"{self.settings.seed}|{self._run_seed}|{request.session_id}|{len(request.messages)}"
-        return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little") & 0x7FFFFFFF
+        return derive_seed(self.settings.seed, self._run_seed, request.session_id, len(request.messages)) & 0x7FFFFFFF
 
     def request_body(self, request: AgentRequest) -> dict[str, Any]:
         s = self.settings
@@ -357,7 +406,8 @@ class OpenAIChatAgent(Agent):
                     retry_after = _retry_after(exc)
                     continue
                 raise OpenAIRequestError(
-                    f"POST {self.endpoint} answered HTTP {exc.code} (a client error, not retried): {detail}{self._hint(exc.code, detail)}"
+                    f"POST {self.endpoint} answered HTTP {exc.code} (a client error, not retried): "
+                    f"{detail}{self._hint(exc.code, detail)}"
                 ) from exc
             except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
                 reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
@@ -381,7 +431,8 @@ class OpenAIChatAgent(Agent):
         if code in (400, 422) and ("return_token_ids" in detail or "logprobs" in detail):
             return (
                 ". The server rejects a field hf_rollouts sends for token-exact rollouts (vLLM accepts them); "
-                "use request_token_ids=False and/or request_logprobs=False with this server (answers are then text only)."
+                "use request_token_ids=False and/or request_logprobs=False with this server (answers are then text "
+                "only)."
             )
         if code == 404:
             return f". Check base_url ({self.settings.base_url!r}) and model ({self.settings.model!r})."
@@ -395,10 +446,14 @@ class OpenAIChatAgent(Agent):
             choice = data["choices"][0]
             message = choice.get("message") or {}
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise OpenAIRequestError(f"POST {self.endpoint}: malformed chat completion (no choices[0]): {str(data)[:300]}") from exc
+            raise OpenAIRequestError(
+                f"POST {self.endpoint}: malformed chat completion (no choices[0]): {str(data)[:300]}"
+            ) from exc
         text = message.get("content") or ""
         if not isinstance(text, str):
-            raise OpenAIRequestError(f"POST {self.endpoint}: choices[0].message.content is {type(text).__name__}, not text.")
+            raise OpenAIRequestError(
+                f"POST {self.endpoint}: choices[0].message.content is {type(text).__name__}, not text."
+            )
         stopped = choice.get("finish_reason") != "length"
 
         content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
@@ -422,7 +477,9 @@ class OpenAIChatAgent(Agent):
                 logprobs = [float(e["logprob"]) for e in entries]
             except (KeyError, TypeError, ValueError):
                 logprobs = None
-        problem = self._check_ids(ids, text, _int_list(data.get("prompt_token_ids")) or _int_list(choice.get("prompt_token_ids")), request)
+        problem = self._check_ids(
+            ids, text, _int_list(data.get("prompt_token_ids")) or _int_list(choice.get("prompt_token_ids")), request
+        )
         if problem:
             self._count("token_mismatches")
             policy = self.settings.on_token_mismatch
@@ -440,7 +497,10 @@ class OpenAIChatAgent(Agent):
             # cannot tell whether it conditioned on the stored sequence
             return "the server returned no prompt ids, so the context of a later turn cannot be checked"
         if prompt_ids is not None and request.prompt_token_ids and prompt_ids != list(request.prompt_token_ids):
-            at = next((i for i, (a, b) in enumerate(zip(prompt_ids, request.prompt_token_ids)) if a != b), min(len(prompt_ids), len(request.prompt_token_ids)))
+            at = next(
+                (i for i, (a, b) in enumerate(zip(prompt_ids, request.prompt_token_ids)) if a != b),
+                min(len(prompt_ids), len(request.prompt_token_ids)),
+            )
             return (
                 f"the server conditioned on {len(prompt_ids)} prompt ids that differ from the env's "
                 f"{len(request.prompt_token_ids)} (first difference at position {at})"
@@ -451,8 +511,12 @@ class OpenAIChatAgent(Agent):
             if any(i < 0 or i >= vocab for i in ids):
                 return f"completion ids outside the env tokenizer's vocabulary of {vocab} (different tokenizer?)"
             decoded = tok.decode(ids, skip_special_tokens=True)
-            if " ".join(decoded.split()) != " ".join(text.split()):  # whitespace clean-up may differ between detokenizers
-                return f"the ids decode to {decoded[:60]!r} with the env tokenizer, not the returned text {text[:60]!r} (different tokenizer?)"
+            # whitespace clean-up may differ between detokenizers
+            if " ".join(decoded.split()) != " ".join(text.split()):
+                return (
+                    f"the ids decode to {decoded[:60]!r} with the env tokenizer, not the returned text {text[:60]!r} "
+                    "(different tokenizer?)"
+                )
         return None
 
 

@@ -42,9 +42,13 @@ class TinySize:
 
 SIZES = {
     # for tests and the README demo: builds and runs in a blink on CPU
-    "tiny": TinySize(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+    "tiny": TinySize(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    ),
     # the benchmark's default: big enough that generation dominates
-    "small": TinySize(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4),
+    "small": TinySize(
+        hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4
+    ),
 }
 
 
@@ -76,7 +80,9 @@ def build_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     tok.train_from_iterator(_training_text(), trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, additional_special_tokens=ROLE_TOKENS)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, additional_special_tokens=ROLE_TOKENS
+    )
     hf.chat_template = CHAT_TEMPLATE
     hf.padding_side = "left"
     return hf

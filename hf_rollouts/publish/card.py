@@ -3,7 +3,7 @@
 The card carries YAML metadata (license, tags, task categories), the environments
 and their configs, the agent's model and sampling settings, the seed and
 ``num_rollouts``, every column's schema, summary statistics
-(:mod:`hf_rollouts.stats`) and a snippet that loads the data for training.
+(:mod:`hf_rollouts.publish.stats`) and a snippet that loads the data for training.
 """
 
 from __future__ import annotations
@@ -16,26 +16,9 @@ from typing import Any
 from datasets import Dataset
 from huggingface_hub import DatasetCard, DatasetCardData
 
-from . import __version__
+from .._version import __version__
+from ..schema import COLUMN_HELP
 from .stats import compute_stats
-
-COLUMN_HELP = {
-    "env_class_path": "environment class that played the task",
-    "env_config": "JSON config passed to the environment's `__init__`",
-    "task_data": "JSON task passed to `_initialize_episode`",
-    "padded_full_token_ids": "[rollout][token] full episode ids (prompts, env messages, agent samples), padded",
-    "padded_full_attention_mask": "[rollout][token] 1 for real tokens, 0 for padding",
-    "padded_agent_token_mask": "[rollout][token] 1 on the agent's tokens",
-    "padded_sampled_token_mask": "[rollout][token] 1 where the stored id is exactly what the agent reported sampling (0 for re-tokenized text of text-only turns)",
-    "padded_per_token_rewards": "[rollout][token] step rewards placed on agent tokens",
-    "padded_logprobs": "[rollout][token] sampling log-probability of agent tokens (0 elsewhere; null if the agent gave none)",
-    "final_rewards": "[rollout] episode reward (NaN for errors)",
-    "num_turns": "[rollout] agent turns played",
-    "num_cut_turns": "[rollout] agent turns cut by the token budget before an end-of-turn token",
-    "statuses": "[rollout] `done`, `truncated` or `error`",
-    "errors": "[rollout] error message when status is `error`",
-    "conversations": "[rollout] readable chat messages of the episode",
-}
 
 
 def _template() -> str:
@@ -81,7 +64,10 @@ def render_card(
         seed=seed,
         stats=stats,
         stats_table=stats.table(),
-        columns=[{"name": n, "type": repr(f).replace("|", "\\|"), "help": COLUMN_HELP.get(n, "")} for n, f in ds.features.items()],
+        columns=[
+            {"name": n, "type": repr(f).replace("|", "\\|"), "help": COLUMN_HELP.get(n, "")}
+            for n, f in ds.features.items()
+        ],
         load_path=load_path,
         pad_token_id=pad_token_id,
         plain_load=plain,

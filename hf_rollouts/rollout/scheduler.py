@@ -1,7 +1,7 @@
 """Run many episodes at once, sharing every agent call.
 
 Each episode runs as the plain sequential loop of
-:meth:`~hf_rollouts.envs.base.MultistepEnv._run_complete_episode`, in its own
+:meth:`~hf_rollouts.envs.base.MultistepEnv._run_complete_episode` (:func:`~.episode.run_episode`), in its own
 worker thread. The agent those loops see is a :class:`_BatchSlot`: its ``act``
 parks the request in a :class:`LockstepBatcher` and blocks. When *every* live
 episode is parked, the calling thread sends all parked requests to the real agent
@@ -20,24 +20,41 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Protocol
 
-from .agents.base import Agent
-from .types import Action, AgentRequest
+from ..agents.base import Agent
+from ..types import Action, AgentRequest
 
-if TYPE_CHECKING:
-    from .envs.base import MultistepEnv
+
+class PlaysEpisodes(Protocol):
+    """An environment's door to one episode (``MultistepEnv._run_complete_episode``)."""
+
+    def _run_complete_episode(
+        self, session_id: str, agent: Agent, task_data: dict[str, Any], *, on_error: str = ...
+    ) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
 class EpisodeJob:
     """One episode to play: which env, which task, which rollout."""
 
-    env: "MultistepEnv"
+    env: PlaysEpisodes
     task_data: dict[str, Any]
     session_id: str
     order: int
+
+
+def episode_jobs(
+    env: PlaysEpisodes, task_data_list: list[dict[str, Any]], num_rollouts: int, *, prefix: str = "", start: int = 0
+) -> list[EpisodeJob]:
+    """The ``len(task_data_list) * num_rollouts`` episodes of a trial, task-major."""
+    return [
+        EpisodeJob(env, task, f"{prefix}task{t}/rollout{r}", start + t * num_rollouts + r)
+        for t, task in enumerate(task_data_list)
+        for r in range(num_rollouts)
+    ]
 
 
 class _Parked:
@@ -104,7 +121,9 @@ class LockstepBatcher:
         try:
             results = self.agent.act_batch([s.request for s in batch])
             if len(results) != len(batch):
-                raise RuntimeError(f"{type(self.agent).__name__}.act_batch returned {len(results)} answers for {len(batch)} requests.")
+                raise RuntimeError(
+                    f"{type(self.agent).__name__}.act_batch returned {len(results)} answers for {len(batch)} requests."
+                )
             for s, r in zip(batch, results):
                 if isinstance(r, BaseException):
                     s.error = r  # only this request failed
@@ -136,7 +155,7 @@ def run_episodes(
     on_error: str = "record",
     on_episode_end: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Play ``jobs`` concurrently and return their R4 dictionaries in job order.
+    """Play ``jobs`` concurrently and return their unpadded episode dictionaries in job order.
 
     ``max_concurrency`` bounds the episodes alive at once (default: all).
     With ``on_error="raise"`` the first episode exception is re-raised after
@@ -183,7 +202,9 @@ def _run(
                     return
                 try:
                     slot = _BatchSlot(batcher, job.order)
-                    results[job.order] = job.env._run_complete_episode(job.session_id, slot, job.task_data, on_error=on_error)
+                    results[job.order] = job.env._run_complete_episode(
+                        job.session_id, slot, job.task_data, on_error=on_error
+                    )
                 except BaseException as exc:
                     failures.append(exc)
                     return

@@ -1,0 +1,257 @@
+"""A transformers causal LM as an agent, token-in / token-out.
+
+The agent conditions on exactly ``request.prompt_token_ids`` (never on a
+re-rendered chat) and reports the ids it sampled with their log-probabilities,
+so the environment stores what the model really produced.
+
+Log-probability convention: ``log_softmax(logits / temperature)`` of the sampled
+id, before top-p filtering — the quantity a PPO/GRPO trainer recomputes for the
+importance ratio. With ``temperature == 0`` (greedy) the logits are not scaled.
+The ``continuous`` backend reports transformers' own log-probabilities; at
+temperature 1 both backends match a teacher-forced forward pass (tested).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Any, Literal
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from ...chat import ChatDelta
+from ...distributed import process_state
+from ...types import Action, AgentRequest, Message
+from ..base import Agent
+from ..sampling import SamplingConfig
+from .backends import generate_continuous, generate_padded
+from .kv_cache import KVState, kv_reuse_unsafe_reason, reusable_rows
+
+logger = logging.getLogger(__name__)
+
+_SAMPLING_FIELDS = frozenset(
+    "do_sample temperature top_k top_p min_p typical_p epsilon_cutoff eta_cutoff repetition_penalty "
+    "encoder_repetition_penalty no_repeat_ngram_size bad_words_ids suppress_tokens begin_suppress_tokens "
+    "min_length min_new_tokens max_length max_new_tokens forced_bos_token_id forced_eos_token_id sequence_bias "
+    "renormalize_logits exponential_decay_length_penalty guidance_scale watermarking_config".split()
+)
+"""Generation-config fields that change what is sampled (warned about when a model ships them)."""
+
+Backend = Literal["generate", "continuous"]
+BACKENDS: tuple[str, ...] = ("generate", "continuous")
+
+
+class TransformersAgent(Agent):
+    """Wraps any transformers causal LM and its tokenizer.
+
+    The model is moved to ``device`` (default: accelerate's process device,
+    :func:`~hf_rollouts.distributed.process_state`, so under ``accelerate launch`` each process uses its own device).
+
+    Args:
+        sampling: a :class:`~hf_rollouts.agents.sampling.SamplingConfig`, or give its
+            fields (``temperature``, ``top_p``, ``max_new_tokens``) as keyword arguments.
+        seed: seed of the sampling RNG until the next :meth:`set_seed`.
+        backend: ``"generate"`` (left-padded batched ``model.generate``, fastest measured
+            on CPU) or ``"continuous"`` (transformers continuous batching, ``generate_batch``,
+            for GPUs with many varied-length episodes).
+        reuse_kv: ``"generate"`` backend: keep the batched KV cache between turns and
+            prefill only each episode's new tokens (the prompt must extend what the model
+            already saw; otherwise a full prefill is done).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        sampling: SamplingConfig | None = None,
+        *,
+        seed: int = 0,
+        backend: Backend = "generate",
+        reuse_kv: bool = True,
+        device: str | torch.device | None = None,
+        name: str | None = None,
+        **sampling_kwargs: Any,
+    ) -> None:
+        if sampling is not None and sampling_kwargs:
+            raise TypeError("Pass either a SamplingConfig or sampling keyword arguments, not both.")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.sampling = sampling or SamplingConfig(**sampling_kwargs)
+        self.seed, self.backend, self.reuse_kv = seed, backend, reuse_kv
+        self.device = torch.device(device) if device is not None else process_state().device
+        self.model = model.to(self.device).eval()
+        self._neutralize_generation_defaults()
+        self.tokenizer = tokenizer
+        self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
+        self.chat = ChatDelta(tokenizer)
+        self.stop_ids = list(self.chat.stop_token_ids)
+        self.generate_calls = 0
+        self.kv_reused_calls = 0
+        self._kv: KVState | None = None
+        reason = kv_reuse_unsafe_reason(self.model)
+        if self.reuse_kv and reason:
+            logger.warning("reuse_kv disabled for %s: %s", self.name, reason)
+            self.reuse_kv = False
+        self.set_seed(seed)
+
+    @classmethod
+    def from_pretrained(
+        cls, name_or_path: str, *, dtype: str | torch.dtype = "auto", trust_remote_code: bool = False, **kwargs: Any
+    ) -> TransformersAgent:
+        """Load a model and tokenizer by hub id or local path (remote code only if you allow it)."""
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, trust_remote_code=trust_remote_code)
+        return cls(model, tokenizer, name=name_or_path, **kwargs)
+
+    def _neutralize_generation_defaults(self) -> None:
+        """Give the model a bare generation config, so only :class:`SamplingConfig` shapes sampling.
+
+        ``generate`` fills every unset field of the config we pass from
+        ``model.generation_config``, and checkpoints ship defaults such as
+        ``repetition_penalty`` or ``no_repeat_ngram_size``. Sampling would then differ from
+        the distribution the stored log-probabilities describe, so those defaults are dropped
+        (with a warning naming them).
+        """
+        old = self.model.generation_config
+        bare = GenerationConfig(
+            bos_token_id=old.bos_token_id,
+            eos_token_id=old.eos_token_id,
+            pad_token_id=old.pad_token_id,
+            decoder_start_token_id=old.decoder_start_token_id,
+        )
+        dropped = sorted(k for k in old.to_diff_dict() if k in _SAMPLING_FIELDS)
+        if dropped:
+            logger.warning(
+                "TransformersAgent ignores the model's generation defaults %s: sampling follows SamplingConfig only, "
+                "so it matches the stored log-probabilities.",
+                dropped,
+            )
+        self.model.generation_config = bare
+
+    # -- Agent API ---------------------------------------------------------
+    def episodes_done(self) -> None:
+        self._kv = None  # free the batch's KV cache (e.g. before an optimizer step)
+
+    def set_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        self._kv = None  # new episodes (and perhaps new weights): never reuse KV computed before
+
+    def get_action(self, messages: list[Message], agent_state: Any = None) -> tuple[Action, Any]:
+        request = AgentRequest(
+            messages=messages, prompt_token_ids=self.chat.initial_ids(messages), agent_state=agent_state
+        )
+        return self._single(request)
+
+    def act(self, request: AgentRequest) -> tuple[Action, Any]:
+        return self._single(request)
+
+    def act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any] | Exception]:
+        """One batched generation for all ``requests``.
+
+        If the batch fails (out of memory, one prompt too long for the model, ...), it is
+        split in halves and retried, so only the requests that fail alone get their
+        exception back; the others are answered.
+        """
+        try:
+            return self._act_batch(requests)
+        except Exception as exc:
+            if len(requests) == 1:
+                return [exc]
+            mid = len(requests) // 2
+            return self.act_batch(requests[:mid]) + self.act_batch(requests[mid:])
+
+    def _act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any]]:
+        if not requests:
+            return []
+        self.generate_calls += 1
+        if self.backend == "continuous":
+            sampled = generate_continuous(self.model, [r.prompt_token_ids for r in requests], self._generation_config())
+        else:
+            rows = reusable_rows(self._kv, requests) if self.reuse_kv else None
+            self.kv_reused_calls += rows is not None
+            kv, self._kv = self._kv, None  # a failed call must not leave a half-updated cache behind
+            sampled, self._kv = generate_padded(
+                self.model,
+                requests,
+                self._generation_config(),
+                temperature=self.sampling.temperature,
+                pad_id=self.tokenizer.pad_token_id,
+                kv=kv,
+                rows=rows,
+                keep_kv=self.reuse_kv,
+                stop_len=self._stop_len,
+            )
+        out = []
+        for request, (ids, logprobs) in zip(requests, sampled):
+            ids, logprobs, stopped = self._cut_at_stop(ids, logprobs)
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            out.append((Action(text=text, token_ids=ids, logprobs=logprobs, stopped=stopped), request.agent_state))
+        return out
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            **self._identity(),
+            "model": self.name,
+            "num_parameters": sum(p.numel() for p in self.model.parameters()),
+            "weights_probe": self.weights_probe(),
+            **self._settings(),
+        }
+
+    @torch.no_grad()
+    def weights_probe(self) -> str:
+        """A cheap hash of a strided sample of every parameter tensor.
+
+        It changes when the weights change (e.g. after an optimizer step in a
+        training loop), so the pipeline's cache never serves samples of an older policy.
+        """
+        import hashlib
+
+        digest = hashlib.sha256()
+        for name, p in self.model.named_parameters():
+            flat = p.detach().reshape(-1)
+            sample = flat[:: max(1, flat.numel() // 256)][:256].float().cpu()
+            digest.update(name.encode())
+            digest.update(sample.numpy().tobytes())
+        return digest.hexdigest()[:16]
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "sampling": {**asdict(self.sampling), "seed": self.seed, "reuse_kv": self.reuse_kv, "backend": self.backend}
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": self.name, **self._settings(), "device": str(self.device)}
+
+    # -- generation ----------------------------------------------------------
+    def _generation_config(self) -> GenerationConfig:
+        s = self.sampling
+        greedy = s.temperature == 0
+        return GenerationConfig(
+            do_sample=not greedy,
+            temperature=None if greedy else s.temperature,
+            top_p=None if greedy else s.top_p,
+            top_k=None
+            if greedy
+            # None would mean transformers' default top_k=50: sampling must match the stored full-softmax log-probs
+            else 0,
+            max_new_tokens=s.max_new_tokens,
+            eos_token_id=self.stop_ids,
+            pad_token_id=self.tokenizer.pad_token_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+
+    def _stop_len(self, ids: list[int]) -> int:
+        """Length of ``ids`` up to and including the first stop id (all of it if none)."""
+        for i, t in enumerate(ids):
+            if t in self.stop_ids:
+                return i + 1
+        return len(ids)
+
+    def _cut_at_stop(self, ids: list[int], logprobs: list[float]) -> tuple[list[int], list[float], bool]:
+        """Keep ids up to and including the first stop id; drop the batch's padding after it."""
+        n = self._stop_len(ids)
+        return ids[:n], logprobs[:n], n > 0 and ids[n - 1] in self.stop_ids

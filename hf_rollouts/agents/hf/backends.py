@@ -1,0 +1,99 @@
+"""The two generation backends of :class:`~.agent.TransformersAgent`, each one function.
+
+* :func:`generate_padded` — left-padded batched ``model.generate`` with an explicit
+  attention mask, optionally continuing from a kept KV cache (:mod:`.kv_cache`);
+* :func:`generate_continuous` — transformers' continuous batching (``generate_batch``).
+
+Both return, per prompt, the sampled ids and ``log_softmax(logits / T)`` of each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+
+from ...types import AgentRequest
+from .kv_cache import KVState, extend, left_pad
+
+Sampled = list[tuple[list[int], list[float]]]
+
+
+@torch.inference_mode()
+def generate_padded(
+    model: PreTrainedModel,
+    requests: list[AgentRequest],
+    config: GenerationConfig,
+    *,
+    temperature: float,
+    pad_id: int,
+    kv: KVState | None,
+    rows: list[int] | None,
+    keep_kv: bool,
+    stop_len: Callable[[list[int]], int],
+) -> tuple[Sampled, KVState | None]:
+    """One batched ``generate`` for ``requests``; returns the samples and the cache to keep.
+
+    With ``rows`` (from :func:`~.kv_cache.reusable_rows`) the call continues from ``kv`` and
+    prefills only each episode's new ids. With ``keep_kv`` the new cache is returned for the
+    next turn; ``stop_len`` gives how many sampled ids of a row are real (up to its stop).
+    """
+    device = model.device
+    prompts = [r.prompt_token_ids for r in requests]
+    cache = None
+    if rows is None:
+        input_ids, attention = left_pad(prompts, pad_id, device)
+    else:
+        input_ids, attention, cache = extend(kv, rows, prompts, pad_id, device)
+    width = input_ids.shape[1]
+    out = model.generate(input_ids=input_ids, attention_mask=attention, past_key_values=cache, generation_config=config)
+    new = out.sequences[:, width:]
+    logits = torch.stack(out.logits, dim=1).float()  # [batch, new, vocab]
+    if temperature > 0:
+        logits = logits / temperature
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1).cpu()
+    new = new.cpu()
+    results = [(new[i].tolist(), logprobs[i].tolist()) for i in range(len(prompts))]
+    if not keep_kv:
+        return results, None
+    kept = torch.zeros_like(new)
+    seen = []
+    for i, (ids, _) in enumerate(results):
+        n = stop_len(ids)
+        kept[i, :n] = 1
+        seen.append(list(prompts[i]) + ids[:n])
+    state = KVState(
+        sessions=[r.session_id for r in requests],
+        seen=seen,
+        input_ids=out.sequences,
+        attention=torch.cat([attention, kept.to(device)], 1),
+        cache=out.past_key_values,
+    )
+    return results, state
+
+
+def generate_continuous(model: PreTrainedModel, prompts: list[list[int]], config: GenerationConfig) -> Sampled:
+    """transformers continuous batching; log-probabilities come from the manager."""
+    from transformers import ContinuousBatchingConfig
+
+    outputs = model.generate_batch(
+        inputs=prompts,
+        generation_config=config,
+        continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True),
+        progress_bar=False,
+    )
+    by_prompt: dict[int, Any] = {}
+    for key, o in outputs.items():
+        by_prompt[int(str(key).rsplit("_", 1)[-1])] = o
+    if sorted(by_prompt) != list(range(len(prompts))):
+        raise RuntimeError(
+            f"continuous batching returned request ids {sorted(outputs)}; cannot match them to the {len(prompts)} "
+            "prompts."
+        )
+    ordered = [by_prompt[i] for i in range(len(prompts))]
+    for o in ordered:
+        if o.error:
+            raise RuntimeError(f"continuous batching request {o.request_id} failed: {o.error}")
+    return [(list(o.generated_tokens), list(o.logprobs)) for o in ordered]

@@ -1,0 +1,95 @@
+"""The batched KV cache kept between turns: when reuse is exact, which rows to reuse, how to extend them.
+
+Between turns only each episode's new ids (the environment's delta) need a prefill: the
+previous call's cache already holds everything before. Reuse is exact for full attention,
+which ignores masked keys; the kept cache has masked columns (holes between episodes'
+deltas, ids sampled after a stop), so sliding windows and recurrent state rule it out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from ...types import AgentRequest
+
+
+def kv_reuse_unsafe_reason(model: PreTrainedModel) -> str | None:
+    """Why keeping the batched KV cache between turns would change results for ``model``, or None."""
+    config = model.config
+    text = getattr(config, "get_text_config", lambda: config)()
+    if getattr(model, "_is_stateful", False):
+        return "the model keeps recurrent state, which would read the masked padding"
+    if getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True) is not False:
+        return f"sliding-window attention (window {text.sliding_window}) would count masked columns"
+    if any(t != "full_attention" for t in (getattr(text, "layer_types", None) or [])):
+        return "some layers are not full attention"
+    return None
+
+
+@dataclass
+class KVState:
+    """The batched KV cache of the last ``generate`` call, kept for the episodes' next turn.
+
+    Row ``i`` holds session ``sessions[i]``; ``seen[i]`` are the ids the model has read or
+    sampled for it (the stored sequence so far). ``input_ids``/``attention`` are the cache's
+    layout: left padding, masked holes where shorter rows' deltas were padded, and masked
+    ids sampled after a row's stop token. Positions come from ``attention.cumsum()``, so a
+    row's tokens keep exactly the positions they have in its stored sequence.
+    """
+
+    sessions: list[str]
+    seen: list[list[int]]
+    input_ids: torch.Tensor
+    attention: torch.Tensor
+    cache: Any
+
+
+def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids and their attention mask (never inferred from pad ids)."""
+    width = max(len(x) for x in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, x in enumerate(seqs):
+        if x:
+            ids[i, width - len(x) :] = torch.tensor(x, dtype=torch.long)
+            mask[i, width - len(x) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def reusable_rows(state: KVState | None, requests: list[AgentRequest]) -> list[int] | None:
+    """Rows of the kept cache for ``requests``, or None when a full prefill is needed.
+
+    Reuse needs every request's session in the cache, once, with a prompt that strictly
+    extends what the model already saw for it (token-in: checked id by id).
+    """
+    if state is None:
+        return None
+    row_of = {s: i for i, s in enumerate(state.sessions)}
+    rows: list[int] = []
+    for r in requests:
+        i = row_of.get(r.session_id) if r.session_id else None
+        if i is None or i in rows:
+            return None
+        seen = state.seen[i]
+        if len(r.prompt_token_ids) <= len(seen) or r.prompt_token_ids[: len(seen)] != seen:
+            return None
+        rows.append(i)
+    return rows
+
+
+def extend(
+    state: KVState, rows: list[int], prompts: list[list[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """Inputs for the next call from the kept cache: keep ``rows`` (dropping finished episodes)
+    and append each row's new ids as a left-padded block whose holes are masked."""
+    input_ids, attention, cache = state.input_ids, state.attention, state.cache
+    if rows != list(range(len(state.sessions))):
+        index = torch.tensor(rows, device=device)
+        cache.batch_select_indices(index)
+        input_ids, attention = input_ids[index], attention[index]
+    block, block_mask = left_pad([p[len(state.seen[r]) :] for p, r in zip(prompts, rows)], pad_id, device)
+    return torch.cat([input_ids, block], 1), torch.cat([attention, block_mask], 1), cache

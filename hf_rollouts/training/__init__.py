@@ -1,0 +1,57 @@
+"""From a rollout dataset to GRPO/PPO training batches and a loss.
+
+Three pieces, usable separately:
+
+* :func:`prepare_rollouts` / :func:`load_rollouts` read a rollout dataset (a
+  ``save_to_disk`` directory, parquet files, a Hub id or a ``Dataset``), compute
+  one advantage per rollout *within its group* (a task row is a group), drop
+  what must not be trained on, and optionally flatten to one row per rollout.
+  :func:`prepare_rollouts` also returns a :class:`RolloutFilterReport` that
+  counts every dropped rollout by reason.
+* :class:`RolloutCollator` pads flattened rows into tensors for a
+  ``torch.utils.data.DataLoader`` (and ``accelerate``'s prepared loaders).
+* :func:`token_logprobs` recomputes per-token log-probabilities with a model and
+  :func:`grpo_loss` is the clipped policy-gradient objective with an optional
+  KL penalty.
+
+Position convention, shared with the rollout data: position ``t`` of a sequence
+holds ``log p(input_ids[t] | input_ids[:t])`` computed as
+``log_softmax(logits / temperature)`` (the agent's convention, see
+:mod:`hf_rollouts.agents.hf`); position 0 has no prediction and holds 0. The
+stored ``padded_logprobs`` and :func:`token_logprobs` both follow it, so their
+difference is the log importance ratio with no shifting by the caller.
+
+Advantage modes (:data:`ADVANTAGE_MODES`), computed per group over the group's
+non-error rollouts and *before* anything is dropped:
+
+* ``"grpo"``: ``(r - mean) / (std + eps)`` with the population standard
+  deviation (``sqrt(mean((r - mean)**2))``, i.e. ``ddof=0``);
+* ``"mean_baseline"``: ``r - mean``;
+* ``"per_token"``: no scalar advantage (the column holds NaN); the collator uses
+  the rollout's raw per-token rewards as per-token advantages.
+
+Error rollouts (status ``"error"`` or a non-finite final reward) never enter the
+group statistics and have a NaN advantage. They are dropped by default; kept
+(``drop_errors=False``) they stay visible in the data but the collator gives
+them an all-zero loss mask, so they are never trained on as a zero reward.
+"""
+
+from .advantages import ADVANTAGE_MODES, DROP_REASONS, RolloutFilter, RolloutFilterReport, group_advantages
+from .collate import RolloutCollator
+from .data import FLAT_FEATURES, PreparedRollouts, load_rollouts, prepare_rollouts
+from .loss import grpo_loss, token_logprobs
+
+__all__ = [
+    "ADVANTAGE_MODES",
+    "DROP_REASONS",
+    "FLAT_FEATURES",
+    "PreparedRollouts",
+    "RolloutCollator",
+    "RolloutFilter",
+    "RolloutFilterReport",
+    "group_advantages",
+    "grpo_loss",
+    "load_rollouts",
+    "prepare_rollouts",
+    "token_logprobs",
+]

@@ -1,0 +1,189 @@
+"""Reading rollout datasets for training: score each group, drop what must not be trained on, flatten.
+
+See :mod:`hf_rollouts.training` for the conventions (positions, advantages, errors).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset, DatasetDict, Features, List, Value
+
+from ..schema import ROLLOUT_FEATURES, require_columns
+from ..sources import load_dataset_source
+from .advantages import RolloutFilter, RolloutFilterReport, _drop_reasons, _report, group_advantages
+
+PER_ROLLOUT_COLUMNS: tuple[str, ...] = tuple(ROLLOUT_FEATURES)
+"""Columns holding one entry per rollout (outer length ``num_rollouts``)."""
+
+FLAT_FEATURES = Features(
+    {
+        "input_ids": List(Value("int32")),
+        "attention_mask": List(Value("int8")),
+        "agent_mask": List(Value("int8")),
+        "sampled_mask": List(Value("int8")),
+        "per_token_rewards": List(Value("float32")),
+        "old_logprobs": List(Value("float32")),
+        "final_reward": Value("float32"),
+        "advantage": Value("float32"),
+        "advantage_mode": Value("string"),
+        "status": Value("string"),
+        "num_turns": Value("int32"),
+        "group_id": Value("int64"),
+        "rollout_index": Value("int32"),
+    }
+)
+"""One row per rollout, trimmed to the rollout's real length (no per-task
+padding). ``agent_mask`` is the loss mask before the collator's extra exclusions;
+``sampled_mask`` marks agent tokens the agent reported as sampled (``None`` when
+the source has no ``padded_sampled_token_mask`` column); ``old_logprobs`` is ``None`` for a rollout
+whose agent gave no log-probabilities
+and NaN on agent tokens of turns without them; ``group_id`` is the task row's
+index in the loaded dataset and ``rollout_index`` the rollout's index in it."""
+
+
+@dataclass(frozen=True)
+class PreparedRollouts:
+    """What :func:`prepare_rollouts` returns: the training dataset and its filter report."""
+
+    dataset: Dataset
+    report: RolloutFilterReport
+
+
+def _real_length(attention: Sequence[int], where: str) -> int:
+    n = sum(1 for a in attention if a)
+    if any(attention[n:]) or not all(attention[:n]):
+        raise ValueError(f"{where}: attention mask is not 1s followed by right padding 0s; cannot trim it.")
+    return n
+
+
+def _flatten_batch(
+    batch: dict[str, list], indices: list[int], *, opts: RolloutFilter, group_ids: list[int]
+) -> dict[str, list]:
+    out: dict[str, list] = {k: [] for k in FLAT_FEATURES}
+    for row, idx in enumerate(indices):
+        rewards, statuses = batch["final_rewards"][row], batch["statuses"][row]
+        advantages = group_advantages(rewards, statuses, opts.advantage, opts.eps)
+        reasons = _drop_reasons(rewards, statuses, opts)
+        turns = batch["num_turns"][row] if "num_turns" in batch else [None] * len(rewards)
+        for k, reason in enumerate(reasons):
+            if reason:
+                continue
+            n = _real_length(batch["padded_full_attention_mask"][row][k], f"group {group_ids[idx]}, rollout {k}")
+            logprobs = batch["padded_logprobs"][row][k]
+            out["input_ids"].append(batch["padded_full_token_ids"][row][k][:n])
+            out["attention_mask"].append(batch["padded_full_attention_mask"][row][k][:n])
+            out["agent_mask"].append(batch["padded_agent_token_mask"][row][k][:n])
+            sampled = batch["padded_sampled_token_mask"][row][k] if "padded_sampled_token_mask" in batch else None
+            out["sampled_mask"].append(None if sampled is None else sampled[:n])
+            out["per_token_rewards"].append(batch["padded_per_token_rewards"][row][k][:n])
+            out["old_logprobs"].append(None if logprobs is None else logprobs[:n])
+            out["final_reward"].append(math.nan if rewards[k] is None else rewards[k])
+            out["advantage"].append(advantages[k])
+            out["advantage_mode"].append(opts.advantage)
+            out["status"].append(statuses[k])
+            out["num_turns"].append(turns[k])
+            out["group_id"].append(group_ids[idx])
+            out["rollout_index"].append(k)
+    return out
+
+
+def _filter_groups_batch(batch: dict[str, list], *, opts: RolloutFilter) -> dict[str, list]:
+    out: dict[str, list] = {"advantages": [], "rollout_indices": [], "advantage_mode": []}
+    per_rollout = [c for c in PER_ROLLOUT_COLUMNS if c in batch]
+    for c in per_rollout:
+        out[c] = []
+    for row in range(len(batch["final_rewards"])):
+        rewards, statuses = batch["final_rewards"][row], batch["statuses"][row]
+        advantages = group_advantages(rewards, statuses, opts.advantage, opts.eps)
+        keep = [k for k, reason in enumerate(_drop_reasons(rewards, statuses, opts)) if not reason]
+        for c in per_rollout:
+            out[c].append([batch[c][row][k] for k in keep])
+        out["advantages"].append([advantages[k] for k in keep])
+        out["rollout_indices"].append(keep)
+        out["advantage_mode"].append(opts.advantage)
+    return out
+
+
+def prepare_rollouts(
+    source: str | Path | Dataset | DatasetDict,
+    *,
+    flatten: bool = False,
+    split: str = "train",
+    batch_size: int = 256,
+    **filter_options: Any,
+) -> PreparedRollouts:
+    """Load rollouts, score each rollout within its group, drop what must not be trained on.
+
+    Args:
+        source: a ``save_to_disk`` directory (what :func:`hf_rollouts.publish.save_rollouts`
+            writes), a directory of parquet files, a parquet file or glob, a Hub dataset id
+            (``load_dataset(source, split=split)``), or a ``Dataset``/``DatasetDict`` in memory
+            (see :func:`hf_rollouts.sources.load_dataset_source`).
+        flatten: ``True``: one row per kept rollout with :data:`FLAT_FEATURES`,
+            trimmed to the rollout's real length (what :class:`~.collate.RolloutCollator` takes).
+            ``False``: the task rows, with every per-rollout list column
+            (:data:`PER_ROLLOUT_COLUMNS`) reduced to the kept rollouts (sequences
+            stay padded to the task's original width) plus ``advantages``,
+            ``rollout_indices`` and ``advantage_mode``; rows left with no rollout are removed.
+        split: the split to read from a Hub id or a ``DatasetDict``.
+        batch_size: task rows per ``Dataset.map`` batch.
+        **filter_options: the fields of :class:`~.advantages.RolloutFilter` (``drop_errors``,
+            ``keep_truncated``, ``drop_constant_groups``, ``advantage``, ``eps``), with its
+            defaults. Advantages are computed before anything is dropped.
+
+    Returns:
+        :class:`PreparedRollouts` ``(dataset, report)``. The report is computed
+        from the scalar columns, so it is right even when ``Dataset.map`` serves
+        the token data from its cache.
+    """
+    unknown = sorted(set(filter_options) - {f.name for f in fields(RolloutFilter)})
+    if unknown:
+        raise TypeError(
+            f"prepare_rollouts got unknown option(s) {unknown}; the filter options are the fields of RolloutFilter."
+        )
+    opts = RolloutFilter(**filter_options)
+    ds = load_dataset_source(source, split)
+    require_columns(ds)
+    scalars = ds.select_columns(["final_rewards", "statuses"]).to_dict()
+    report, kept_groups = _report(scalars["final_rewards"], scalars["statuses"], opts)
+    kept = ds.select(kept_groups) if len(kept_groups) != len(ds) else ds
+    if flatten:
+        out = kept.map(
+            _flatten_batch,
+            batched=True,
+            batch_size=batch_size,
+            with_indices=True,
+            remove_columns=kept.column_names,
+            features=FLAT_FEATURES,
+            fn_kwargs={"opts": opts, "group_ids": kept_groups},
+            desc="flatten rollouts",
+        )
+    else:
+        features = Features(
+            {
+                **kept.features,
+                "advantages": List(Value("float32")),
+                "rollout_indices": List(Value("int32")),
+                "advantage_mode": Value("string"),
+            }
+        )
+        out = kept.map(
+            _filter_groups_batch,
+            batched=True,
+            batch_size=batch_size,
+            features=features,
+            fn_kwargs={"opts": opts},
+            desc="filter rollouts",
+        )
+    return PreparedRollouts(out, report)
+
+
+def load_rollouts(source: str | Path | Dataset | DatasetDict, **options: Any) -> Dataset:
+    """:func:`prepare_rollouts` without the report: just the dataset (same arguments). Use
+    :func:`prepare_rollouts` when you need to know what was dropped."""
+    return prepare_rollouts(source, **options).dataset

@@ -1,0 +1,99 @@
+"""Per-token log-probabilities under a model, and the clipped GRPO/PPO policy loss."""
+
+from __future__ import annotations
+
+import torch
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Per-position log-probabilities of the tokens in ``input_ids`` under ``model``.
+
+    Returns a float32 ``[batch, seq]`` tensor where position ``t`` holds
+    ``log_softmax(logits[t - 1] / temperature)[input_ids[t]]`` — the convention of
+    the stored ``padded_logprobs``. Position 0 and padding positions
+    (``attention_mask == 0``) hold 0. ``temperature == 0`` (greedy sampling)
+    means unscaled logits, as in the agent. Differentiable; call it under
+    ``torch.no_grad()`` for reference log-probs.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}.")
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    if temperature > 0:
+        logits = logits / temperature
+    targets = input_ids[:, 1:].unsqueeze(-1)
+    picked = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    out = torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+    if attention_mask is not None:
+        out = torch.where(attention_mask.bool(), out, torch.zeros_like(out))
+    return out
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    kl_coef: float = 0.0,
+    ref_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-style clipped policy loss, averaged over the loss tokens of the batch.
+
+    Per loss token: ``-min(ratio * A, clip(ratio, 1 - clip_eps, 1 + clip_eps) * A)``
+    with ``ratio = exp(logprobs - old_logprobs)``, plus ``kl_coef * k3`` where
+    ``k3 = exp(ref - logprobs) - (ref - logprobs) - 1`` (an unbiased, non-negative
+    estimate of ``KL(policy || ref)``) when ``kl_coef > 0``. The loss is the sum
+    over tokens with ``loss_mask`` divided by their number (token-level mean,
+    0 for a batch with no loss token).
+
+    Tokens outside ``loss_mask`` get exactly zero gradient, and NaN/inf in any input
+    there cannot leak into the loss or the gradient.
+
+    Returns ``(loss, metrics)``; metrics are floats: ``loss``, ``policy_loss``,
+    ``kl`` (mean k3 vs ``ref_logprobs``, 0 without), ``approx_kl_old`` (mean k3 vs
+    the sampling policy), ``clip_fraction``, ``ratio_mean``, ``advantage_mean``,
+    ``num_tokens``.
+    """
+    if kl_coef > 0 and ref_logprobs is None:
+        raise ValueError(
+            "kl_coef > 0 needs ref_logprobs (token_logprobs of the reference model, under torch.no_grad())."
+        )
+    shapes = {t.shape for t in (logprobs, old_logprobs, advantages, loss_mask)}
+    if len(shapes) != 1:
+        raise ValueError(
+            f"logprobs, old_logprobs, advantages and loss_mask must share one shape, got {sorted(map(tuple, shapes))}."
+        )
+    mask = loss_mask.bool()
+    zero = torch.zeros_like(logprobs)
+    old = old_logprobs.to(logprobs.dtype).detach()
+    adv = torch.where(mask, advantages.to(logprobs.dtype), zero).detach()
+    log_ratio = torch.where(mask, logprobs - old, zero)
+    ratio = torch.exp(log_ratio)
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    per_token = -torch.minimum(ratio * adv, clipped * adv)
+    kl = zero
+    if ref_logprobs is not None:
+        delta = torch.where(mask, ref_logprobs.to(logprobs.dtype).detach() - logprobs, zero)
+        kl = torch.exp(delta) - delta - 1.0
+    total = per_token + kl_coef * kl if kl_coef > 0 else per_token
+    n = mask.sum()
+    denom = n.clamp(min=1).to(logprobs.dtype)
+    loss = torch.where(mask, total, zero).sum() / denom
+    with torch.no_grad():
+        k3_old = (ratio - 1.0) - log_ratio  # k3 estimate of KL(old || new) on samples of old
+        metrics = {
+            "loss": float(loss),
+            "policy_loss": float(torch.where(mask, per_token, zero).sum() / denom),
+            "kl": float(torch.where(mask, kl, zero).sum() / denom),
+            "approx_kl_old": float(torch.where(mask, k3_old, zero).sum() / denom),
+            "clip_fraction": float(((ratio - 1.0).abs() > clip_eps).logical_and(mask).sum() / denom),
+            "ratio_mean": float(torch.where(mask, ratio, zero).sum() / denom),
+            "advantage_mean": float(adv.sum() / denom),
+            "num_tokens": int(n),
+        }
+    return loss, metrics
