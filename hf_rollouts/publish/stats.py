@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from datasets import Dataset
 
+from ..schema import ROLLOUT_COLUMNS
+
 
 @dataclass
 class RolloutStats:
@@ -58,16 +60,11 @@ def _short_env(path: str) -> str:
 
 def compute_stats(ds: Dataset) -> RolloutStats:
     """Statistics over every rollout of a rollout dataset (see module docstring for definitions)."""
-    cols = ds.select_columns(
-        [
-            "env_class_path",
-            "final_rewards",
-            "statuses",
-            "num_turns",
-            "padded_full_attention_mask",
-            "padded_agent_token_mask",
-        ]
-    )
+    # per-rollout values and the int8 masks; token ids, rewards and log-probs are not read
+    light = [
+        c.name for c in ROLLOUT_COLUMNS if c.name in ds.column_names and (not c.is_sequence or c.value.dtype == "int8")
+    ]
+    cols = ds.select_columns(["env_class_path", *light])
     rewards, statuses, turns, tokens, agent_tokens, task_solved = [], [], [], [], [], []
     envs: Counter[str] = Counter()
     k = 0

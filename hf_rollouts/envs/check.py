@@ -1,0 +1,226 @@
+"""``check_env``: a conformance run for environment authors, in the spirit of Gymnasium's ``check_env``.
+
+It plays a few episodes through the hooks with a scripted list of actions and checks the
+contract of :class:`~hf_rollouts.envs.base.MultistepEnv`:
+
+* ``_initialize_episode`` returns a *fresh* state each time (not the same object);
+* no episode state lives on ``self``: two episodes played interleaved, step by step, on
+  one env instance give exactly what each gives alone on its own instance, and the env's
+  attributes do not change while episodes run;
+* hook return types: ``_format_prompt`` returns ``str``; ``_step_episode`` returns
+  ``(state, reward, done, info)`` with a finite real reward, a bool ``done`` and a dict
+  ``info``; ``_calculate_reward`` returns a finite real number;
+* the same task played twice gives the same episode (no global randomness);
+* with ``_task_list``: tasks are deterministic under ``env_config['seed']`` and train/eval
+  tasks are disjoint.
+
+Every problem found is reported together, each with what to fix, in one :class:`EnvCheckError`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import numbers
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from .base import MultistepEnv
+
+DEFAULT_ACTIONS = ("1 2 3 4", "Is it alive?", "yes", "7", "hello", "[1]", "Is it a clock?", "left")
+
+
+class EnvCheckError(AssertionError):
+    """The environment breaks the hook contract; the message lists every problem and how to fix it."""
+
+
+@dataclass
+class EnvCheckReport:
+    """What :func:`check_env` played: episodes, steps and the tasks it used."""
+
+    env: str
+    episodes: int
+    steps: int
+    tasks: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _record(
+    env: MultistepEnv, session_id: str, task: dict[str, Any], actions: Sequence[str], problems: list[str]
+) -> Iterator[tuple]:
+    """Play one episode through the hooks, yielding one record per hook call (so episodes can interleave)."""
+    name = type(env).__name__
+    state = env._initialize_episode(session_id, copy.deepcopy(task))
+    step_rewards: list[float] = []
+    for step in range(min(env.max_turns, len(actions))):
+        prompt = env._format_prompt(state, step)
+        if not isinstance(prompt, str):
+            problems.append(
+                f"{name}._format_prompt(state, {step}) returned {type(prompt).__name__} ({prompt!r:.60}); "
+                "it must return the message text as a str."
+            )
+            return
+        yield ("prompt", step, prompt)
+        result = env._step_episode(session_id, state, actions[step])
+        if not (isinstance(result, tuple) and len(result) == 4):
+            problems.append(
+                f"{name}._step_episode returned {type(result).__name__} ({result!r:.60}); "
+                "it must return the tuple (state, reward, done, info)."
+            )
+            return
+        state, reward, done, info = result
+        if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+            problems.append(
+                f"{name}._step_episode returned reward {reward!r} at step {step}; it must be a finite real number "
+                "(NaN and inf are not rewards: raise an exception for a failed step instead)."
+            )
+            return
+        if not isinstance(done, bool):
+            problems.append(f"{name}._step_episode returned done={done!r} ({type(done).__name__}); return a bool.")
+            return
+        if not isinstance(info, dict):
+            problems.append(
+                f"{name}._step_episode returned info of type {type(info).__name__}; return a dict (may be empty)."
+            )
+            return
+        step_rewards.append(float(reward))
+        yield ("step", step, float(reward), done, json.dumps(info, sort_keys=True, default=repr))
+        if done:
+            break
+    final = env._calculate_reward(state, step_rewards)
+    if isinstance(final, bool) or not isinstance(final, numbers.Real) or not math.isfinite(final):
+        problems.append(f"{name}._calculate_reward returned {final!r}; it must be a finite real number.")
+        return
+    yield ("final", float(final))
+
+
+def _play(
+    env: MultistepEnv, session_id: str, task: dict[str, Any], actions: Sequence[str], problems: list[str]
+) -> list[tuple]:
+    return list(_record(env, session_id, task, actions, problems))
+
+
+def _interleaved(
+    env: MultistepEnv, tasks: list[dict[str, Any]], actions: Sequence[str], problems: list[str]
+) -> list[list[tuple]]:
+    """Play ``tasks`` on one env instance, advancing each episode by one hook call in turn."""
+    runs = [_record(env, f"interleaved{i}", t, actions, problems) for i, t in enumerate(tasks)]
+    out: list[list[tuple]] = [[] for _ in tasks]
+    live = list(range(len(tasks)))
+    while live:
+        for i in list(live):
+            try:
+                out[i].append(next(runs[i]))
+            except StopIteration:
+                live.remove(i)
+    return out
+
+
+def _attributes(env: MultistepEnv) -> dict[str, str]:
+    """A cheap view of the env's attributes: values of plain ones, sizes of containers."""
+    view = {}
+    for key, value in vars(env).items():
+        if isinstance(value, (str, numbers.Number, bool, type(None))):
+            view[key] = repr(value)
+        elif isinstance(value, (list, dict, set, tuple)):
+            view[key] = f"{type(value).__name__} of {len(value)}"
+        else:
+            view[key] = type(value).__name__
+    return view
+
+
+def _split_tasks(
+    env_cls: type[MultistepEnv], tokenizer: PreTrainedTokenizerBase, config: dict, n: int
+) -> tuple[list, list]:
+    env = env_cls(tokenizer, config)
+    return env._task_list("train", n), env._task_list("eval", n)
+
+
+def check_env(
+    env_cls: type[MultistepEnv],
+    tokenizer: PreTrainedTokenizerBase,
+    tasks: Sequence[dict[str, Any]] | None = None,
+    *,
+    env_config: dict[str, Any] | None = None,
+    actions: Sequence[str] = DEFAULT_ACTIONS,
+    num_tasks: int = 3,
+) -> EnvCheckReport:
+    """Check ``env_cls`` against the hook contract (see the module docstring); raise :class:`EnvCheckError` if broken.
+
+    Args:
+        env_cls: the environment class.
+        tokenizer: a tokenizer with a chat template (e.g. ``hf_rollouts.tiny_model.build_tokenizer()``).
+        tasks: ``task_data`` dicts to play; default: ``num_tasks`` from the env's ``_task_list("train")``.
+        env_config: the config to build the env with.
+        actions: the scripted agent's actions, one per turn (episodes stop at ``max_turns``).
+        num_tasks: how many tasks to take from ``_task_list`` when ``tasks`` is not given.
+    """
+    config = dict(env_config or {})
+    name = env_cls.__name__
+    problems: list[str] = []
+    try:
+        env = env_cls(tokenizer, config)
+    except Exception as exc:
+        raise EnvCheckError(
+            f"{name}(tokenizer, {config!r}) raised {type(exc).__name__}: {exc}. The constructor must accept "
+            "(tokenizer, env_config) and call super().__init__(tokenizer, env_config)."
+        ) from exc
+    has_tasks = type(env)._task_list is not MultistepEnv._task_list
+    if has_tasks:
+        train, evaluation = _split_tasks(env_cls, tokenizer, config, num_tasks)
+        again = _split_tasks(env_cls, tokenizer, config, num_tasks)
+        if (train, evaluation) != again:
+            problems.append(
+                f"{name}._task_list gives different tasks for the same env_config; draw from self._rng(...) "
+                "(seeded by env_config['seed']), never from the global random module."
+            )
+        key = lambda t: json.dumps(t, sort_keys=True, default=repr)  # noqa: E731
+        if {key(t) for t in train} & {key(t) for t in evaluation}:
+            problems.append(f"{name}._task_list('train') and ('eval') share tasks; make the splits disjoint.")
+        if tasks is None:
+            tasks = train
+    if not tasks:
+        raise EnvCheckError(
+            f"{name} has no _task_list, so check_env needs tasks: check_env({name}, tokenizer, tasks=[task_data, ...])."
+        )
+    tasks = [dict(t) for t in tasks][:num_tasks] if len(tasks) > num_tasks else [dict(t) for t in tasks]
+
+    first, second = env._initialize_episode("fresh0", copy.deepcopy(tasks[0])), None
+    second = env._initialize_episode("fresh1", copy.deepcopy(tasks[0]))
+    if first is second and first is not None:
+        problems.append(
+            f"{name}._initialize_episode returned the same state object twice; return a new object per episode "
+            "(episodes of one env run concurrently)."
+        )
+
+    before = _attributes(env)
+    alone = [_play(env_cls(tokenizer, config), f"alone{i}", t, actions, problems) for i, t in enumerate(tasks)]
+    repeat = [_play(env_cls(tokenizer, config), f"alone{i}", t, actions, problems) for i, t in enumerate(tasks)]
+    together = _interleaved(env, tasks, actions, problems)
+    if not problems:
+        for i, task in enumerate(tasks):
+            if alone[i] != repeat[i]:
+                problems.append(
+                    f"{name}: the same task played twice gave different episodes ({task!r:.60}); draw randomness from "
+                    "the state or self._rng(...), never the global random module."
+                )
+            elif alone[i] != together[i]:
+                at = next((k for k, (a, b) in enumerate(zip(alone[i], together[i])) if a != b), None)
+                problems.append(
+                    f"{name}: episodes interleaved on one env instance differ from the same episodes played alone "
+                    f"(task {task!r:.60}, record {at}). Episode state must live in the object _initialize_episode "
+                    "returns, never on self: episodes of one env run concurrently."
+                )
+        changed = sorted(k for k in set(before) | set(_attributes(env)) if before.get(k) != _attributes(env).get(k))
+        if changed:
+            problems.append(
+                f"{name}: attributes {changed} of the env changed while episodes ran; keep episode state in the "
+                "state object, never on self."
+            )
+    if problems:
+        raise EnvCheckError(f"{name} fails the environment contract:\n- " + "\n- ".join(dict.fromkeys(problems)))
+    steps = sum(1 for run in alone for rec in run if rec[0] == "step")
+    return EnvCheckReport(env=name, episodes=3 * len(tasks), steps=steps, tasks=list(tasks))

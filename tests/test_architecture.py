@@ -1,0 +1,229 @@
+"""The layout's promises: no import cycle, envs/training reach only what they may, one declaration per column,
+optional task generation, and check_env on every shipped env and on broken envs of each kind."""
+
+from __future__ import annotations
+
+import ast
+import math
+import pathlib
+import random
+from dataclasses import dataclass
+
+import pytest
+
+import hf_rollouts
+from hf_rollouts import MultistepEnv, ScriptedAgent
+from hf_rollouts.envs import ENV_REGISTRY, get_env_class
+from hf_rollouts.envs.check import EnvCheckError, check_env
+from hf_rollouts.schema import ROLLOUT_COLUMNS, ROLLOUT_FEATURES
+
+PACKAGE = pathlib.Path(hf_rollouts.__file__).parent
+
+
+# -- the import graph ---------------------------------------------------------------------------
+def _module_graph() -> dict[str, set[str]]:
+    """Every import statement of the package (function-level ones too), plus implied package __init__ edges."""
+    mods = {}
+    for p in PACKAGE.rglob("*.py"):
+        parts = p.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = p
+    graph: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = pkg
+                    for _ in range(node.level - 1):
+                        anchor = anchor.rsplit(".", 1)[0]
+                    base = f"{anchor}.{node.module}" if node.module else anchor
+                targets = [f"{base}.{a.name}" for a in node.names] + [base]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in mods and "." in t:
+                    t = t.rsplit(".", 1)[0]
+                if t in mods and t != mod:
+                    deps.add(t)
+                    parts = t.split(".")
+                    deps.update(".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in mods)
+        graph[mod] = {d for d in deps if not mod.startswith(d + ".") and d != mod}
+    return graph
+
+
+def _reach(graph: dict[str, set[str]], roots: list[str]) -> set[str]:
+    seen, todo = set(), list(roots)
+    while todo:
+        for d in graph[todo.pop()]:
+            if d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return seen
+
+
+def test_import_graph_has_no_cycle():
+    graph = _module_graph()
+    for mod in graph:
+        assert mod not in _reach(graph, [mod]), f"{mod} imports itself through a cycle"
+
+
+def test_layers_point_down():
+    graph = _module_graph()
+    env_base = _reach(graph, ["hf_rollouts.envs.base"])
+    forbidden = ("hf_rollouts.agents.hf", "hf_rollouts.agents.openai", "hf_rollouts.pipeline", "hf_rollouts.training",
+                 "hf_rollouts.cli", "hf_rollouts.publish", "hf_rollouts.envs.registry")  # fmt: skip
+    assert not [m for m in env_base if m.startswith(forbidden)], sorted(env_base)
+    training = [m for m in graph if m.startswith("hf_rollouts.training")]
+    outside = {m for m in _reach(graph, training) if not m.startswith("hf_rollouts.training")}
+    assert outside <= {"hf_rollouts.schema", "hf_rollouts.sources"}, outside
+    rollout = [m for m in graph if m.startswith("hf_rollouts.rollout")]
+    assert not [m for m in _reach(graph, rollout) if m.startswith("hf_rollouts.envs")]
+
+
+def test_every_rollout_column_is_declared_once():
+    names = [c.name for c in ROLLOUT_COLUMNS]
+    assert len(names) == len(set(names)) and list(ROLLOUT_FEATURES) == names
+    # no other module declares a column collection of its own (a list/tuple/set/dict literal of column names)
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "schema.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None)
+            if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)) and items:
+                spelled = [i.value for i in items if isinstance(i, ast.Constant) and i.value in names]
+                assert len(spelled) < 3, f"{path}:{node.lineno} restates rollout columns {spelled}"
+
+
+# -- environments with only the specification's hooks -------------------------------------------
+@dataclass
+class _Counter:
+    target: int
+    guesses: int = 0
+
+
+class HooksOnlyEnv(MultistepEnv):
+    """Only the three hooks of the specification: no _task_list."""
+
+    def _initialize_episode(self, session_id, task_data):
+        return _Counter(int(task_data["target"]))
+
+    def _format_prompt(self, state, step):
+        return "Say a number." if step == 0 else "Again."
+
+    def _step_episode(self, session_id, state, action):
+        state.guesses += 1
+        won = action.strip() == str(state.target)
+        return state, float(won), won, {}
+
+
+def test_an_env_with_only_the_three_hooks_runs(tokenizer):
+    env = HooksOnlyEnv(tokenizer, {"max_turns": 3})
+    out = env.run_trial([{"target": 5}], ScriptedAgent(["4", "5"]), num_rollouts=2)
+    assert out["statuses"] == ["done", "done"] and out["final_rewards"] == [1.0, 1.0]
+    with pytest.raises(NotImplementedError, match="_task_list"):
+        env.get_train_dataset()
+    assert check_env(HooksOnlyEnv, tokenizer, tasks=[{"target": 5}], actions=["5"]).episodes == 3
+    with pytest.raises(EnvCheckError, match="needs tasks"):
+        check_env(HooksOnlyEnv, tokenizer)
+
+
+# -- check_env on every shipped env ---------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(ENV_REGISTRY))
+def test_check_env_passes_on_every_shipped_env(name, tokenizer):
+    report = check_env(get_env_class(name), tokenizer, env_config={"max_turns": 4, "seed": 1})
+    assert report.episodes == 9 and report.steps > 0
+
+
+def test_check_env_passes_on_textarena(tokenizer):
+    pytest.importorskip("textarena")
+    from hf_rollouts.envs.textarena import TextArenaEnv
+
+    report = check_env(TextArenaEnv, tokenizer, env_config={"env_id": "GuessTheNumber-v0", "max_turns": 3})
+    assert report.steps > 0
+
+
+# -- ... and on a broken env of each kind ---------------------------------------------------------
+class StateOnSelf(HooksOnlyEnv):
+    def _task_list(self, split, num_tasks):
+        return [{"target": t} for t in (range(1, 4) if split == "train" else range(5, 8))][:num_tasks]
+
+    def _initialize_episode(self, session_id, task_data):
+        self.last = _Counter(int(task_data["target"]))  # the mistake: state on self
+        return None
+
+    def _step_episode(self, session_id, state, action):
+        self.last.guesses += 1
+        return state, float(self.last.guesses), self.last.guesses >= 2, {}
+
+
+class SharedState(StateOnSelf):
+    shared = _Counter(0)
+
+    def _initialize_episode(self, session_id, task_data):
+        return self.shared
+
+    def _step_episode(self, session_id, state, action):
+        state.guesses += 1
+        return state, 0.0, False, {}
+
+
+class PromptNotText(StateOnSelf):
+    def _initialize_episode(self, session_id, task_data):
+        return _Counter(int(task_data["target"]))
+
+    def _step_episode(self, session_id, state, action):
+        return state, 0.0, False, {}
+
+    def _format_prompt(self, state, step):
+        return ["Say a number."]
+
+
+class NanReward(PromptNotText):
+    def _format_prompt(self, state, step):
+        return "Say a number."
+
+    def _step_episode(self, session_id, state, action):
+        return state, math.nan, False, {}
+
+
+class BadStepReturn(NanReward):
+    def _step_episode(self, session_id, state, action):
+        return state, 0.0
+
+
+class RandomTasks(NanReward):
+    def _step_episode(self, session_id, state, action):
+        return state, 0.0, True, {}
+
+    def _task_list(self, split, num_tasks):
+        return [{"target": random.randrange(10**9)} for _ in range(num_tasks or 3)]
+
+
+class GlobalRandomEpisodes(RandomTasks):
+    def _task_list(self, split, num_tasks):
+        return [{"target": t} for t in (range(1, 4) if split == "train" else range(5, 8))][:num_tasks]
+
+    def _step_episode(self, session_id, state, action):
+        return state, float(random.random()), True, {}
+
+
+@pytest.mark.parametrize(
+    "cls, message",
+    [
+        (StateOnSelf, "never on self"),
+        (SharedState, "same state object twice"),
+        (PromptNotText, "must return the message text as a str"),
+        (NanReward, "finite real number"),
+        (BadStepReturn, r"must return the tuple \(state, reward, done, info\)"),
+        (RandomTasks, "different tasks for the same env_config"),
+        (GlobalRandomEpisodes, "played twice gave different episodes"),
+    ],
+)
+def test_check_env_names_what_to_fix(cls, message, tokenizer):
+    with pytest.raises(EnvCheckError, match=message):
+        check_env(cls, tokenizer, env_config={"max_turns": 3})
