@@ -14,6 +14,7 @@ Agents know nothing of environments.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..types import Action, AgentRequest, Message
@@ -45,6 +46,23 @@ class Agent(ABC):
             except Exception as exc:
                 out.append(exc)
         return out
+
+    answers_per_request: bool = False
+    """``True`` for agents that answer each request on its own (an inference server): the scheduler then
+    :meth:`submit` s each request as soon as its episode produces it, instead of batching with :meth:`act_batch`."""
+
+    def submit(self, request: AgentRequest) -> Future:
+        """Answer one request asynchronously; the future's result is ``(action, agent_state)``.
+
+        Default: :meth:`act` on a thread pool of ``self.concurrency`` threads (16 if unset), for agents with
+        ``answers_per_request``. Override it to use the agent's own connection pool.
+        """
+        pool = self.__dict__.get("_submit_pool")
+        if pool is None:
+            pool = self.__dict__["_submit_pool"] = ThreadPoolExecutor(
+                max_workers=getattr(self, "concurrency", 16), thread_name_prefix="hf-rollouts-agent"
+            )
+        return pool.submit(self.act, request)
 
     def episodes_done(self) -> None:
         """Every episode of a run has ended: release per-episode state (e.g. a KV cache). Default: none."""

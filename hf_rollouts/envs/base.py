@@ -158,6 +158,10 @@ class MultistepEnv(ABC):
         """
         return run_episode(self, session_id, agent, task_data, on_error=on_error).to_dict()
 
+    _run_complete_episode.engine_door = True  # type: ignore[attr-defined]
+    """The scheduler plays episodes of envs that keep this door with its own loop (same result, no thread
+    per episode); an env that overrides ``_run_complete_episode`` gets its override called."""
+
     def run_trial(
         self,
         task_data_list: list[dict[str, Any]],

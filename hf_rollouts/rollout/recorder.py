@@ -120,6 +120,18 @@ class EpisodeRecorder:
         else:
             turn.info["unplaced_reward"] = reward
 
+    def snapshot_error(self, error: str) -> Episode:
+        """An ``error`` episode from a *copy* of what is recorded so far, for an episode abandoned while one of its
+        hooks still runs in another thread (which may go on appending to this recorder)."""
+        n = min(len(self.ids), len(self.mask), len(self.sampled), len(self.rewards), len(self.logprobs))
+        copy = EpisodeRecorder(self.chat, self.reward_placement)
+        copy.ids, copy.mask, copy.sampled = self.ids[:n], self.mask[:n], self.sampled[:n]
+        copy.rewards, copy.logprobs, copy.any_logprobs = self.rewards[:n], self.logprobs[:n], self.any_logprobs
+        copy.messages = list(self.messages)
+        copy.turns = [t for t in self.turns if t.end <= n]
+        copy.cut_turns = self.cut_turns
+        return copy.finish("error", math.nan, error=error)
+
     def finish(self, status: Status, final_reward: float, error: str | None = None) -> Episode:
         if status == "error":
             final_reward = math.nan

@@ -1,35 +1,58 @@
-"""Run many episodes at once, sharing every agent call.
+"""Run many episodes at once: each advances as soon as its own answer arrives, within time limits.
 
-Each episode runs as the plain sequential loop of
-:meth:`~hf_rollouts.envs.base.MultistepEnv._run_complete_episode` (:func:`~.episode.run_episode`), in its own
-worker thread. The agent those loops see is a :class:`_BatchSlot`: its ``act``
-parks the request in a :class:`LockstepBatcher` and blocks. When *every* live
-episode is parked, the calling thread sends all parked requests to the real agent
-as one ``act_batch`` call (ordered by episode), hands out the answers, and the
-loops go on. Episodes that finish simply stop taking part.
+Every episode is an :func:`~.episode.episode_steps` generator. One *driver* thread advances
+them: it runs an episode's env hooks until the episode yields its next agent request, then
+goes on with the next ready episode. How requests reach the agent depends on the agent:
 
-Why lockstep rather than "flush after a timeout": the composition and order of
-every batch depends only on the episodes, never on thread timing, so sampling
-with a seeded agent is reproducible run to run.
+* **per-request agents** (``agent.answers_per_request``, e.g. an inference server): each
+  request is submitted (:meth:`~hf_rollouts.agents.base.Agent.submit`) the moment its
+  episode produces it; the answer makes that episode ready again. No barrier between turns
+  or episodes: the server's own batching sees a steady stream.
+* **client-batching agents** (the default, e.g. ``TransformersAgent``): when no episode is
+  ready, every parked request goes to one ``act_batch`` call, ordered by episode. The
+  batch's composition depends only on the episodes, never on timing, so a seeded run is
+  reproducible (lockstep; the fastest choice for a static ``model.generate`` batch).
 
-Generation calls for N concurrent episodes of at most T turns: at most T (with
-``max_concurrency >= N``), instead of N × T one by one.
+**Refill**: when an episode ends, the next job starts at once, keeping up to
+``max_concurrency`` episodes alive. Results come back in job order whatever the completion
+order, and ``on_episode_end`` (a progress bar) is called once per finished episode.
+
+**Time limits** (seconds; ``env_config["step_timeout"]`` / ``["episode_timeout"]`` override the
+run's defaults): the calling thread is a watchdog. An episode past its deadline while it waits
+for the agent is ended as ``error`` (``"episode_timeout: ..."``); a late answer is dropped.
+An env hook running past ``step_timeout`` (or the episode's deadline) cannot be interrupted —
+Python threads cannot be killed — so the watchdog records that episode as ``error``
+(``"step_timeout: _step_episode ran over 5.0 s"``) with its partial trajectory, abandons the
+driver thread (a daemon: it is left running and never waited for; when the hook returns it
+sees it was replaced and exits) and starts a new driver for the other episodes. The run, its
+progress bar and the process exit never wait for a hung hook.
+
+Jobs whose env overrides ``_run_complete_episode`` (its door into the engine) keep that
+override: it runs in a thread of its own, its agent calls are routed through the driver.
 """
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..agents.base import Agent
-from ..types import Action, AgentRequest
+from ..types import Action, AgentRequest, Episode
+from .episode import HookClock, Steps, episode_steps
+from .recorder import EpisodeRecorder
 
 
 class PlaysEpisodes(Protocol):
-    """An environment's door to one episode (``MultistepEnv._run_complete_episode``)."""
+    """An environment as the engine sees it: its config and its door to one episode."""
+
+    env_config: dict[str, Any]
 
     def _run_complete_episode(
         self, session_id: str, agent: Agent, task_data: dict[str, Any], *, on_error: str = ...
@@ -57,94 +80,260 @@ def episode_jobs(
     ]
 
 
-class _Parked:
-    __slots__ = ("order", "request", "result", "error", "ready")
-
-    def __init__(self, order: int, request: AgentRequest) -> None:
-        self.order, self.request = order, request
-        self.result: tuple[Action, Any] | None = None
-        self.error: BaseException | None = None
-        self.ready = False
+class EpisodeTimeout(Exception):
+    """An episode ran past ``step_timeout`` or ``episode_timeout``."""
 
 
-class LockstepBatcher:
-    """Collects one request from every live episode; the serving thread then makes one agent call.
+_START = object()
 
-    Episode threads only park requests (:meth:`act`) and wait. The thread that called
-    :func:`run_episodes` runs :meth:`serve`, so every agent call happens on that one
-    thread: thread-local state (torch grad mode, CUDA stream, OpenMP team) is the
-    caller's, and on CPU no new thread pays to start its own OpenMP team.
-    """
 
-    def __init__(self, agent: Agent, live: int) -> None:
-        self.agent = agent
-        self._live = live
-        self._parked: list[_Parked] = []
-        self._cv = threading.Condition()
-        self.batch_sizes: list[int] = []
+class _Live:
+    """One running episode: its generator, its deadline and what it waits for."""
 
-    def act(self, order: int, request: AgentRequest) -> tuple[Action, Any]:
-        slot = _Parked(order, request)
-        with self._cv:
-            self._parked.append(slot)
-            self._cv.notify_all()
-            while not slot.ready:
-                self._cv.wait()
-        if slot.error is not None:
-            raise slot.error
-        return slot.result  # type: ignore[return-value]
+    __slots__ = ("job", "steps", "recorder", "deadline", "step_limit", "episode_limit", "over", "request")
 
-    def leave(self) -> None:
-        """An episode worker has no more episodes to play."""
-        with self._cv:
-            self._live -= 1
-            self._cv.notify_all()
+    def __init__(self, job: EpisodeJob, steps: Steps, recorder: EpisodeRecorder | None, limits: tuple) -> None:
+        self.job, self.steps, self.recorder = job, steps, recorder
+        self.step_limit, self.episode_limit = limits
+        self.deadline = time.monotonic() + self.episode_limit if self.episode_limit else math.inf
+        self.over = False  # ended by the watchdog; a late answer is dropped
+        self.request: AgentRequest | None = None
 
-    def serve(self) -> None:
-        """Answer batches until every worker has left. Call from the thread that owns the agent."""
-        while True:
-            with self._cv:
-                while self._live > 0 and (not self._parked or len(self._parked) < self._live):
-                    self._cv.wait()
-                if self._live == 0 and not self._parked:
-                    return
-                batch = sorted(self._parked, key=lambda s: s.order)
-                self._parked = []
-            self._answer(batch)  # every live episode is parked: nothing else moves meanwhile
-            with self._cv:
-                for s in batch:
-                    s.ready = True
-                self._cv.notify_all()
 
-    def _answer(self, batch: list[_Parked]) -> None:
-        self.batch_sizes.append(len(batch))
+def _limit(job: EpisodeJob, key: str, default: float | None) -> float | None:
+    value = job.env.env_config.get(key, default) if hasattr(job.env, "env_config") else default
+    return float(value) if value else None
+
+
+def _timeout_episode(live: _Live, message: str) -> dict[str, Any]:
+    """The error record of an episode whose hook is stuck: a copy of what it recorded so far."""
+    if live.recorder is None:
+        empty = Episode([], [], [], [], None, math.nan, "error", message, 0, 0, [], [])
+        return empty.to_dict()
+    return live.recorder.snapshot_error(message).to_dict()
+
+
+class _Engine:
+    def __init__(self, jobs, agent, cap, on_error, on_episode_end, limits) -> None:
+        self.agent, self.cap, self.on_error, self.on_episode_end, self.limits = (
+            agent,
+            cap,
+            on_error,
+            on_episode_end,
+            limits,
+        )
+        self.per_request = bool(getattr(agent, "answers_per_request", False))
+        self.policing = any(limits) or any(
+            _limit(j, "step_timeout", None) or _limit(j, "episode_timeout", None) for j in jobs
+        )  # watch the clock only when some limit applies
+        self.todo = deque(jobs)
+        self.results: list[dict[str, Any] | None] = [None] * len(jobs)
+        self.remaining = len(jobs)
+        self.live = 0
+        self.ready: deque[tuple[_Live, Any]] = deque()
+        self.parked: list[_Live] = []
+        self.waiting: set[_Live] = set()
+        self.cond = threading.Condition()
+        self.epoch = 0
+        self.running: _Live | None = None
+        self.clock = HookClock()
+        self.failure: BaseException | None = None
+
+    # -- the driver ------------------------------------------------------------------------------------
+    def drive(self, epoch: int, clock: HookClock) -> None:
         try:
-            results = self.agent.act_batch([s.request for s in batch])
-            if len(results) != len(batch):
-                raise RuntimeError(
-                    f"{type(self.agent).__name__}.act_batch returned {len(results)} answers for {len(batch)} requests."
-                )
-            for s, r in zip(batch, results):
-                if isinstance(r, BaseException):
-                    s.error = r  # only this request failed
+            self._drive(epoch, clock)
+        except BaseException as exc:  # a bug or on_error="raise": stop the run and re-raise in the caller
+            with self.cond:
+                if self.epoch == epoch:
+                    self.failure = self.failure or exc
+                    self.cond.notify_all()
+
+    def _drive(self, epoch: int, clock: HookClock) -> None:
+        while True:
+            with self.cond:
+                if self.epoch != epoch or self.failure is not None or self.remaining == 0:
+                    self.cond.notify_all()
+                    return
+                while self.todo and self.live < self.cap:
+                    job = self.todo.popleft()
+                    self.live += 1
+                    self.ready.append((self._start(job, clock), _START))
+                if self.ready:
+                    live, value = self.ready.popleft()
+                    self.running = live
+                elif self.parked and not self.per_request:
+                    batch, self.parked = sorted(self.parked, key=lambda x: x.job.order), []
+                    live = None
                 else:
-                    s.result = r
-        except BaseException as exc:  # every episode of the batch records the failure
-            for s in batch:
-                s.error = exc
+                    self.cond.wait()
+                    continue
+            if live is not None:
+                request = self._advance(live, value, clock)
+                with self.cond:
+                    if self.epoch != epoch:
+                        return  # the watchdog replaced this driver while a hook ran: abandon
+                    self.running = None
+                    if request is not None:
+                        self._park(live, request)
+            else:
+                self._answer_batch(batch, epoch)
+
+    def _start(self, job: EpisodeJob, clock: HookClock) -> _Live:
+        limits = (_limit(job, "step_timeout", self.limits[0]), _limit(job, "episode_timeout", self.limits[1]))
+        door = getattr(job.env, "_run_complete_episode", None)
+        if getattr(door, "engine_door", False):
+            recorder = EpisodeRecorder(job.env.chat, job.env.reward_placement)
+            steps = episode_steps(
+                job.env, job.session_id, job.task_data, on_error=self.on_error, clock=clock, recorder=recorder
+            )
+            return _Live(job, steps, recorder, limits)
+        return _Live(job, _custom_door(job, self.on_error), None, limits)
+
+    def _advance(self, live: _Live, value: Any, clock: HookClock) -> AgentRequest | None:
+        """Run ``live`` until its next request (returned) or its end (recorded, None)."""
+        try:
+            if time.monotonic() > live.deadline and value is not _START:
+                value = EpisodeTimeout(f"episode_timeout: the episode ran over {live.episode_limit} s")
+            if value is _START:
+                return next(live.steps)
+            if isinstance(value, BaseException):
+                return live.steps.throw(value)
+            return live.steps.send(value)
+        except StopIteration as stop:
+            self._finish(live, stop.value.to_dict() if isinstance(stop.value, Episode) else stop.value)
+            return None
+
+    def _park(self, live: _Live, request: AgentRequest) -> None:
+        """Under the lock: hand ``request`` to the agent (per-request) or keep it for the next batch."""
+        live.request = request
+        if not self.per_request:
+            self.parked.append(live)
+            return
+        self.waiting.add(live)
+        future = self.agent.submit(request)
+        future.add_done_callback(lambda f, live=live: self._answered(live, f))
+
+    def _answered(self, live: _Live, future: Future) -> None:
+        with self.cond:
+            if live.over or live not in self.waiting:
+                return
+            self.waiting.discard(live)
+            exc = future.exception()
+            self.ready.append((live, exc if exc is not None else future.result()))
+            self.cond.notify_all()
+
+    def _answer_batch(self, batch: list[_Live], epoch: int) -> None:
+        requests = [live.request for live in batch]
+        try:
+            answers: list[Any] = self.agent.act_batch(requests)
+            if len(answers) != len(batch):
+                raise RuntimeError(
+                    f"{type(self.agent).__name__}.act_batch returned {len(answers)} answers for {len(batch)} requests."
+                )
+        except Exception as exc:  # the whole batch failed: every episode of it records the failure
+            answers = [exc] * len(batch)
+        with self.cond:
+            if self.epoch == epoch:
+                self.ready.extend(zip(batch, answers))
+
+    def _finish(self, live: _Live, episode: dict[str, Any]) -> None:
+        with self.cond:
+            if live.over:
+                return
+            live.over = True
+            self.results[live.job.order] = episode
+            self.remaining -= 1
+            self.live -= 1
+            self.cond.notify_all()
+        if self.on_episode_end is not None:
+            self.on_episode_end()
+
+    # -- the watchdog (the calling thread) -------------------------------------------------------------
+    def run(self) -> list[dict[str, Any]]:
+        self._spawn()
+        with self.cond:
+            while self.remaining and self.failure is None:
+                self.cond.wait(timeout=self._next_check())
+                self._police(time.monotonic())
+            failure = self.failure
+            self.epoch += 1  # any driver still running stops at its next step
+            self.cond.notify_all()
+        if failure is not None:
+            raise failure
+        return self.results  # type: ignore[return-value]
+
+    def _spawn(self) -> None:
+        clock = self.clock = HookClock()
+        name = f"hf-rollouts-driver-{self.epoch}"
+        threading.Thread(target=self.drive, args=(self.epoch, clock), name=name, daemon=True).start()
+
+    def _next_check(self) -> float | None:
+        return 0.05 if self.policing else None
+
+    def _police(self, now: float) -> None:
+        """Under the lock: end episodes past their limits (see the module docstring)."""
+        for live in [x for x in self.waiting if now > x.deadline]:
+            self.waiting.discard(live)
+            self.ready.append((live, EpisodeTimeout(f"episode_timeout: the episode ran over {live.episode_limit} s")))
+            self.cond.notify_all()
+        live, clock = self.running, self.clock
+        if live is None or clock.hook is None:
+            return
+        hook, ran = clock.hook, now - clock.since
+        if live.step_limit and ran > live.step_limit:
+            message = f"step_timeout: {hook} ran over {live.step_limit} s"
+        elif now > live.deadline:
+            message = f"episode_timeout: the episode ran over {live.episode_limit} s (stuck in {hook})"
+        else:
+            return
+        self.epoch += 1  # abandon the stuck driver ...
+        self.running = None
+        live.over = True
+        self.results[live.job.order] = _timeout_episode(live, message)
+        self.remaining -= 1
+        self.live -= 1
+        if self.on_episode_end is not None:
+            self.on_episode_end()
+        self._spawn()  # ... and carry on without it
 
 
-class _BatchSlot(Agent):
-    """What one episode sees as its agent: forwards to the shared batcher."""
+def _custom_door(job: EpisodeJob, on_error: str) -> Steps:
+    """An env that overrides ``_run_complete_episode``: run the override in a thread of its own, and yield the
+    requests it makes so the engine answers them like any other."""
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
 
-    def __init__(self, batcher: LockstepBatcher, order: int) -> None:
-        self.batcher, self.order = batcher, order
+    class _Relay(Agent):
+        def get_action(self, messages, agent_state=None):  # pragma: no cover - act is always used
+            raise NotImplementedError
 
-    def get_action(self, messages, agent_state=None):  # pragma: no cover - act is always used
-        raise NotImplementedError
+        def act(self, request: AgentRequest) -> tuple[Action, Any]:
+            outbox.put(("request", request))
+            kind, value = inbox.get()
+            if kind == "error":
+                raise value
+            return value
 
-    def act(self, request: AgentRequest) -> tuple[Action, Any]:
-        return self.batcher.act(self.order, request)
+    def play() -> None:
+        try:
+            outbox.put(
+                ("done", job.env._run_complete_episode(job.session_id, _Relay(), job.task_data, on_error=on_error))
+            )
+        except BaseException as exc:
+            outbox.put(("raise", exc))
+
+    threading.Thread(target=play, name=f"hf-rollouts-{job.session_id}", daemon=True).start()
+    while True:
+        kind, value = outbox.get()
+        if kind == "done":
+            return value
+        if kind == "raise":
+            raise value
+        try:
+            inbox.put(("answer", (yield value)))
+        except Exception as exc:
+            inbox.put(("error", exc))
 
 
 def run_episodes(
@@ -154,71 +343,19 @@ def run_episodes(
     max_concurrency: int | None = None,
     on_error: str = "record",
     on_episode_end: Callable[[], None] | None = None,
+    step_timeout: float | None = None,
+    episode_timeout: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Play ``jobs`` concurrently and return their unpadded episode dictionaries in job order.
+    """Play ``jobs`` and return their unpadded episode dictionaries in job order (see the module docstring).
 
-    ``max_concurrency`` bounds the episodes alive at once (default: all).
-    With ``on_error="raise"`` the first episode exception is re-raised after
-    all workers stop. ``on_episode_end`` is called once per finished episode
-    (e.g. to advance a progress bar).
+    ``max_concurrency`` bounds the episodes alive at once (default: all). With
+    ``on_error="raise"`` the first episode exception is re-raised and no new episode starts.
+    ``step_timeout``/``episode_timeout`` are the defaults of the env_config keys of the same names.
     """
     if not jobs:
         return []
+    cap = len(jobs) if max_concurrency is None else max(1, max_concurrency)
     try:
-        return _run(jobs, agent, max_concurrency, on_error, on_episode_end)
+        return _Engine(jobs, agent, cap, on_error, on_episode_end, (step_timeout, episode_timeout)).run()
     finally:
         agent.episodes_done()
-
-
-def _run(
-    jobs: list[EpisodeJob],
-    agent: Agent,
-    max_concurrency: int | None,
-    on_error: str,
-    on_episode_end: Callable[[], None] | None,
-) -> list[dict[str, Any]]:
-    workers = len(jobs) if max_concurrency is None else max(1, min(max_concurrency, len(jobs)))
-    if workers == 1:
-        results = []
-        for job in jobs:
-            results.append(job.env._run_complete_episode(job.session_id, agent, job.task_data, on_error=on_error))
-            if on_episode_end:
-                on_episode_end()
-        return results
-
-    batcher = LockstepBatcher(agent, live=workers)
-    todo: queue.SimpleQueue[EpisodeJob] = queue.SimpleQueue()
-    for job in jobs:
-        todo.put(job)
-    results: list[dict[str, Any] | None] = [None] * len(jobs)
-    failures: list[BaseException] = []
-
-    def worker() -> None:
-        try:
-            while not failures:  # after a failure under on_error="raise", start no new episode
-                try:
-                    job = todo.get_nowait()
-                except queue.Empty:
-                    return
-                try:
-                    slot = _BatchSlot(batcher, job.order)
-                    results[job.order] = job.env._run_complete_episode(
-                        job.session_id, slot, job.task_data, on_error=on_error
-                    )
-                except BaseException as exc:
-                    failures.append(exc)
-                    return
-                if on_episode_end:
-                    on_episode_end()
-        finally:
-            batcher.leave()
-
-    threads = [threading.Thread(target=worker, name=f"hf-rollouts-episode-{i}", daemon=True) for i in range(workers)]
-    for t in threads:
-        t.start()
-    batcher.serve()
-    for t in threads:
-        t.join()
-    if failures:
-        raise failures[0]
-    return results  # type: ignore[return-value]

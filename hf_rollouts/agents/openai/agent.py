@@ -69,7 +69,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -311,6 +311,23 @@ class OpenAIChatAgent(Agent):
                     )
                 )
         return results
+
+    answers_per_request = True
+
+    def submit(self, request: AgentRequest) -> Future:
+        """Send one request on the agent's pool now; the future holds ``(action, agent_state)``."""
+
+        def answer() -> tuple[Action, Any]:
+            try:
+                return self._answer(request), request.agent_state
+            except OpenAIRequestError:
+                raise
+            except Exception as exc:
+                raise OpenAIRequestError(
+                    f"chat-completions request for session {request.session_id!r} failed: {exc}"
+                ) from exc
+
+        return self._executor().submit(answer)
 
     def fingerprint(self) -> dict[str, Any]:
         s = self.settings
