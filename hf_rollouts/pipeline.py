@@ -97,11 +97,30 @@ class RolloutOptions:
     on_error: Literal["record", "raise"] = field(
         default="record", metadata={"help": "'record' keeps failed episodes as status 'error'; 'raise' aborts the run."}
     )
+    step_timeout: float | None = field(
+        default=300.0,
+        metadata={
+            "help": "Seconds one env hook call may take (env_config['step_timeout'] overrides); the episode "
+            "is then recorded as error. 0 or None: no limit."
+        },
+    )
+    episode_timeout: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds one whole episode may take, agent time included (env_config['episode_timeout'] "
+            "overrides). None: no limit."
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in ("num_rollouts", "batch_size", "shard_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        for name in ("step_timeout", "episode_timeout"):
+            if (getattr(self, name) or 0) < 0:
+                raise ValueError(
+                    f"{name} must be a number of seconds >= 0 (0 or None: no limit), got {getattr(self, name)}."
+                )
         if self.on_error not in ("record", "raise"):
             raise ValueError(f"on_error must be 'record' or 'raise', got {self.on_error!r}.")
 
@@ -124,29 +143,57 @@ class _EnvCache:
 
 
 class _Expander:
-    """The map function: expands a batch of task rows into rollout columns."""
+    """The map function: expands a batch of task rows into rollout columns.
 
-    def __init__(self, envs: _EnvCache, agent: Agent, opts: RolloutOptions, offset: int, progress: tqdm | None) -> None:
-        self.envs, self.agent, self.opts, self.offset, self.progress = envs, agent, opts, offset, progress
+    Client-batching agents play each map batch's episodes together (lockstep, the batch's
+    ``set_seed``), as measured fastest for a local ``model.generate``. Per-request agents
+    (inference servers) play the whole shard in one engine run on the first call, so a slow
+    request never holds back another map batch; later calls only pad what was played.
+    """
 
-    def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
-        n, r = len(indices), self.opts.num_rollouts
+    def __init__(
+        self, shard: Dataset, envs: _EnvCache, agent: Agent, opts: RolloutOptions, offset: int, progress
+    ) -> None:
+        self.shard, self.envs, self.agent, self.opts, self.offset, self.progress = (
+            shard,
+            envs,
+            agent,
+            opts,
+            offset,
+            progress,
+        )
+        self.played: dict[int, list[dict[str, Any]]] = {}
+
+    def _play(self, rows: dict[str, list], indices: list[int]) -> None:
+        r = self.opts.num_rollouts
         jobs = []
-        for row in range(n):
-            env = self.envs.get(batch["env_class_path"][row], batch["env_config"][row])
-            global_row = self.offset + indices[row]
-            jobs += episode_jobs(env, [batch["task_data"][row]], r, prefix=f"row{global_row}/", start=row * r)
+        for k, index in enumerate(indices):
+            env = self.envs.get(rows["env_class_path"][k], rows["env_config"][k])
+            jobs += episode_jobs(env, [rows["task_data"][k]], r, prefix=f"row{self.offset + index}/", start=k * r)
         self.agent.set_seed(derive_seed(self.opts.seed, self.offset + indices[0]))
         episodes = run_episodes(
             jobs,
             self.agent,
-            max_concurrency=self.opts.max_concurrency,
+            max_concurrency=self.opts.max_concurrency
+            or (self.opts.batch_size * r if len(indices) > self.opts.batch_size else None),
             on_error=self.opts.on_error,
             on_episode_end=(lambda: self.progress.update(1)) if self.progress is not None else None,
+            step_timeout=self.opts.step_timeout,
+            episode_timeout=self.opts.episode_timeout,
         )
+        for k, index in enumerate(indices):
+            self.played[index] = episodes[k * r : (k + 1) * r]
+
+    def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        if indices[0] not in self.played:
+            if getattr(self.agent, "answers_per_request", False):
+                whole = self.shard.select_columns(["env_class_path", "env_config", "task_data"])[:]
+                self._play(whole, list(range(len(self.shard))))
+            else:
+                self._play(batch, indices)
         out: dict[str, list] = {key: [] for key in ROLLOUT_FEATURES}
-        for row in range(n):
-            group = pad_task(episodes[row * r : (row + 1) * r], self.envs.tokenizer.pad_token_id)
+        for index in indices:
+            group = pad_task(self.played.pop(index), self.envs.tokenizer.pad_token_id)
             for key in ROLLOUT_FEATURES:
                 out[key].append(group[key])
         return out
@@ -296,7 +343,7 @@ def _expand_shard(
     shard = tasks.select(range(start, min(len(tasks), start + shard_size)))
     features = Features({**shard.features, **ROLLOUT_FEATURES})
     return shard.map(
-        _Expander(envs, agent, opts, start, bar),
+        _Expander(shard, envs, agent, opts, start, bar),
         batched=True,
         batch_size=opts.batch_size,
         with_indices=True,

@@ -90,10 +90,12 @@ _START = object()
 class _Live:
     """One running episode: its generator, its deadline and what it waits for."""
 
-    __slots__ = ("job", "steps", "recorder", "deadline", "step_limit", "episode_limit", "over", "request")
+    __slots__ = ("job", "steps", "recorder", "clock", "deadline", "step_limit", "episode_limit", "over", "request")
 
-    def __init__(self, job: EpisodeJob, steps: Steps, recorder: EpisodeRecorder | None, limits: tuple) -> None:
-        self.job, self.steps, self.recorder = job, steps, recorder
+    def __init__(
+        self, job: EpisodeJob, steps: Steps, recorder: EpisodeRecorder | None, clock: HookClock, limits: tuple
+    ) -> None:
+        self.job, self.steps, self.recorder, self.clock = job, steps, recorder, clock
         self.step_limit, self.episode_limit = limits
         self.deadline = time.monotonic() + self.episode_limit if self.episode_limit else math.inf
         self.over = False  # ended by the watchdog; a late answer is dropped
@@ -136,20 +138,20 @@ class _Engine:
         self.cond = threading.Condition()
         self.epoch = 0
         self.running: _Live | None = None
-        self.clock = HookClock()
+
         self.failure: BaseException | None = None
 
     # -- the driver ------------------------------------------------------------------------------------
-    def drive(self, epoch: int, clock: HookClock) -> None:
+    def drive(self, epoch: int) -> None:
         try:
-            self._drive(epoch, clock)
+            self._drive(epoch)
         except BaseException as exc:  # a bug or on_error="raise": stop the run and re-raise in the caller
             with self.cond:
                 if self.epoch == epoch:
                     self.failure = self.failure or exc
                     self.cond.notify_all()
 
-    def _drive(self, epoch: int, clock: HookClock) -> None:
+    def _drive(self, epoch: int) -> None:
         while True:
             with self.cond:
                 if self.epoch != epoch or self.failure is not None or self.remaining == 0:
@@ -158,7 +160,7 @@ class _Engine:
                 while self.todo and self.live < self.cap:
                     job = self.todo.popleft()
                     self.live += 1
-                    self.ready.append((self._start(job, clock), _START))
+                    self.ready.append((self._start(job), _START))
                 if self.ready:
                     live, value = self.ready.popleft()
                     self.running = live
@@ -169,7 +171,7 @@ class _Engine:
                     self.cond.wait()
                     continue
             if live is not None:
-                request = self._advance(live, value, clock)
+                request = self._advance(live, value)
                 with self.cond:
                     if self.epoch != epoch:
                         return  # the watchdog replaced this driver while a hook ran: abandon
@@ -179,18 +181,19 @@ class _Engine:
             else:
                 self._answer_batch(batch, epoch)
 
-    def _start(self, job: EpisodeJob, clock: HookClock) -> _Live:
+    def _start(self, job: EpisodeJob) -> _Live:
         limits = (_limit(job, "step_timeout", self.limits[0]), _limit(job, "episode_timeout", self.limits[1]))
+        clock = HookClock()
         door = getattr(job.env, "_run_complete_episode", None)
         if getattr(door, "engine_door", False):
             recorder = EpisodeRecorder(job.env.chat, job.env.reward_placement)
             steps = episode_steps(
                 job.env, job.session_id, job.task_data, on_error=self.on_error, clock=clock, recorder=recorder
             )
-            return _Live(job, steps, recorder, limits)
-        return _Live(job, _custom_door(job, self.on_error), None, limits)
+            return _Live(job, steps, recorder, clock, limits)
+        return _Live(job, _custom_door(job, self.on_error), None, clock, limits)
 
-    def _advance(self, live: _Live, value: Any, clock: HookClock) -> AgentRequest | None:
+    def _advance(self, live: _Live, value: Any) -> AgentRequest | None:
         """Run ``live`` until its next request (returned) or its end (recorded, None)."""
         try:
             if time.monotonic() > live.deadline and value is not _START:
@@ -264,9 +267,9 @@ class _Engine:
         return self.results  # type: ignore[return-value]
 
     def _spawn(self) -> None:
-        clock = self.clock = HookClock()
+
         name = f"hf-rollouts-driver-{self.epoch}"
-        threading.Thread(target=self.drive, args=(self.epoch, clock), name=name, daemon=True).start()
+        threading.Thread(target=self.drive, args=(self.epoch,), name=name, daemon=True).start()
 
     def _next_check(self) -> float | None:
         return 0.05 if self.policing else None
@@ -277,10 +280,10 @@ class _Engine:
             self.waiting.discard(live)
             self.ready.append((live, EpisodeTimeout(f"episode_timeout: the episode ran over {live.episode_limit} s")))
             self.cond.notify_all()
-        live, clock = self.running, self.clock
-        if live is None or clock.hook is None:
+        live = self.running
+        if live is None or live.clock.hook is None:
             return
-        hook, ran = clock.hook, now - clock.since
+        hook, ran = live.clock.hook, now - live.clock.since
         if live.step_limit and ran > live.step_limit:
             message = f"step_timeout: {hook} ran over {live.step_limit} s"
         elif now > live.deadline:

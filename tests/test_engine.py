@@ -1,0 +1,157 @@
+"""The rollout engine: answer order does not matter, time limits end only the episodes that run over."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from concurrent.futures import Future
+
+import pytest
+
+from hf_rollouts import MultistepEnv, ScriptedAgent
+from hf_rollouts.agents.base import Agent
+from hf_rollouts.envs.mastermind import MastermindEnv
+from hf_rollouts.pipeline import RolloutOptions, generate_rollouts
+from hf_rollouts.rollout import episode_jobs, run_episodes
+from hf_rollouts.schema import ROLLOUT_FEATURES
+from hf_rollouts.types import Action
+
+
+class ShuffledServer(Agent):
+    """A per-request agent (like an inference server) whose answers arrive in random order after random delays.
+
+    The answer to a request depends only on the request (its session and turn), as a seeded server's would."""
+
+    answers_per_request = True
+
+    def __init__(self, delay: float, seed: int = 0) -> None:
+        self.delay, self.rng, self.lock = delay, random.Random(seed), threading.Lock()
+        self.calls = 0
+
+    def get_action(self, messages, agent_state=None):  # pragma: no cover - submit/act are used
+        raise NotImplementedError
+
+    def _answer(self, request) -> tuple[Action, object]:
+        turn = sum(m["role"] == "assistant" for m in request.messages)
+        digits = random.Random(f"{request.session_id}|{turn}").choices("123456", k=4)
+        return Action(text=" ".join(digits)), request.agent_state
+
+    def act(self, request):
+        return self._answer(request)
+
+    def submit(self, request) -> Future:
+        with self.lock:
+            self.calls += 1
+            wait = self.rng.random() * self.delay
+        future: Future = Future()
+        threading.Timer(wait, lambda: future.set_result(self._answer(request))).start()
+        return future
+
+
+def _tasks(tokenizer, n=6):
+    return MastermindEnv(tokenizer, {"max_turns": 4, "num_symbols": 6}).get_train_dataset(n)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_answer_order_does_not_change_the_rows(tokenizer, tmp_path):
+    tasks = _tasks(tokenizer)
+    common = dict(tokenizer=tokenizer, progress=False, seed=3, batch_size=2, shard_size=4)
+    instant = generate_rollouts(tasks, ShuffledServer(0.0), 3, cache_dir=tmp_path / "a", **common)
+    shuffled = ShuffledServer(0.02, seed=1)
+    late = generate_rollouts(tasks, shuffled, 3, cache_dir=tmp_path / "b", **common)
+    assert shuffled.calls > len(tasks) * 3  # multi-turn: several requests per episode, answered out of order
+    for column in ROLLOUT_FEATURES:
+        assert _same(instant[column], late[column]), column
+    assert set(s for row in late["statuses"] for s in row) <= {"done", "truncated"}
+
+
+class SometimesHangs(MultistepEnv):
+    """A tiny env whose step hangs forever for task 'hang' (until the test releases it)."""
+
+    release = threading.Event()
+
+    def _initialize_episode(self, session_id, task_data):
+        return dict(task_data)
+
+    def _format_prompt(self, state, step):
+        return "Say something."
+
+    def _step_episode(self, session_id, state, action):
+        if state["name"] == "hang":
+            self.release.wait()
+        return state, 1.0, True, {}
+
+
+def test_a_hung_step_ends_only_its_episode_within_the_limit(tokenizer):
+    SometimesHangs.release = threading.Event()
+    env = SometimesHangs(tokenizer, {"max_turns": 2, "step_timeout": 0.5})
+    tasks = [{"name": "a"}, {"name": "hang"}, {"name": "b"}]
+    start = time.monotonic()
+    try:
+        out = env.run_trial(tasks, ScriptedAgent(["hi"]), num_rollouts=2)
+    finally:
+        elapsed = time.monotonic() - start
+        SometimesHangs.release.set()  # let the abandoned daemon thread finish
+    assert out["statuses"] == ["done", "done", "error", "error", "done", "done"]
+    assert all("step_timeout: _step_episode ran over 0.5 s" in out["errors"][i] for i in (2, 3))
+    assert out["final_rewards"][:2] == [1.0, 1.0] and out["final_rewards"][4:] == [1.0, 1.0]
+    assert all(math.isnan(r) for r in out["final_rewards"][2:4])
+    # the partial trajectory is kept: the prompt and the agent's turn before the hang
+    assert sum(out["padded_agent_token_mask"][2]) > 0
+    assert elapsed < 0.5 * 2 + 10  # two hung episodes, one after the other, plus a generous margin
+
+
+class NeverAnswers(ShuffledServer):
+    def submit(self, request) -> Future:
+        return Future()  # a server that never answers
+
+
+def test_episode_timeout_while_waiting_for_the_agent(tokenizer):
+    env = MastermindEnv(tokenizer, {"max_turns": 3, "episode_timeout": 0.3})
+    jobs = episode_jobs(env, [{"code": [1, 2, 3, 4]}], 2)
+    episodes = run_episodes(jobs, NeverAnswers(0.0))
+    assert [e["status"] for e in episodes] == ["error", "error"]
+    assert all(e["error"].startswith("EpisodeTimeout: episode_timeout: the episode ran over 0.3 s") for e in episodes)
+    assert all(math.isnan(e["final_reward"]) for e in episodes)
+
+
+def test_run_defaults_apply_and_env_config_wins(tokenizer):
+    SometimesHangs.release = threading.Event()
+    default = SometimesHangs(tokenizer, {"max_turns": 1})
+    own = SometimesHangs(tokenizer, {"max_turns": 1, "step_timeout": 0.3})
+    jobs = episode_jobs(default, [{"name": "hang"}], 1) + episode_jobs(own, [{"name": "hang"}], 1, start=1)
+    try:
+        episodes = run_episodes(jobs, ScriptedAgent(["x"]), step_timeout=0.2)
+    finally:
+        SometimesHangs.release.set()
+    assert "step_timeout: _step_episode ran over 0.2 s" in episodes[0]["error"]
+    assert "step_timeout: _step_episode ran over 0.3 s" in episodes[1]["error"]
+
+
+def test_refill_keeps_at_most_max_concurrency_alive(tokenizer):
+    env = MastermindEnv(tokenizer, {"max_turns": 2})
+    seen: list[int] = []
+
+    class Counting(ScriptedAgent):
+        def act_batch(self, requests):
+            seen.append(len(requests))
+            return super().act_batch(requests)
+
+    jobs = episode_jobs(env, [{"code": [1, 2, 3, 4]}, {"code": [6, 6, 6, 6]}], 3)
+    out = run_episodes(jobs, Counting(["1 2 3 4"]), max_concurrency=4)
+    assert max(seen) == 4 and sum(seen) == 3 + 3 * 2  # task 0 solves in one turn, task 1 plays two
+    assert [e["status"] for e in out] == ["done"] * 3 + ["truncated"] * 3  # job order, whatever the finish order
+
+
+def test_timeout_options_are_validated():
+    with pytest.raises(ValueError, match="step_timeout must be a number of seconds"):
+        RolloutOptions(num_rollouts=1, step_timeout=-1)
