@@ -179,15 +179,20 @@ def cmd_generate(argv: list[str]) -> int:
     )
     run = asdict(options)
     num_rollouts = run.pop("num_rollouts")
-    ds = generate_rollouts(
-        tasks,
-        agent,
-        num_rollouts,
-        allowed_env_modules=args.allow_env_module,
-        allowed_env_models=args.allow_env_model,
-        cache_dir=args.cache_dir,
-        **run,
-    )
+    from .agents.openai import OpenAIRequestError
+
+    try:
+        ds = generate_rollouts(
+            tasks,
+            agent,
+            num_rollouts,
+            allowed_env_modules=args.allow_env_module,
+            allowed_env_models=args.allow_env_model,
+            cache_dir=args.cache_dir,
+            **run,
+        )
+    except OpenAIRequestError as exc:  # e.g. the server cannot be reached to negotiate a mode
+        raise SystemExit(f"error: {exc}") from None
     state = process_state()
     if not state.is_main_process:
         return 0
@@ -208,6 +213,17 @@ def cmd_generate(argv: list[str]) -> int:
     )
     for key, value in stats.table():
         print(f"  {key:<22} {value}")
+    if isinstance(getattr(agent, "stats", None), dict):  # an endpoint agent's request counters
+        mode = info.get("mode")
+        print(f"  agent{f' (mode {mode})' if mode else ''}: " + " ".join(f"{k}={v}" for k, v in agent.stats.items()))
+    statuses = [s for row in ds["statuses"] for s in row]
+    if statuses and all(s == "error" for s in statuses):
+        first = next((e for row in ds["errors"] for e in row if e), "")
+        print(
+            f"error: every episode of this run failed ({len(statuses)} of {len(statuses)}); first error: {first}",
+            file=sys.stderr,
+        )
+        return 1
     if args.push_to_hub:
         url = push_rollouts(ds, args.push_to_hub, card, private=args.private)
         print(f"pushed to {url}")
