@@ -69,9 +69,19 @@ class GenerateArgs:
         default=None, metadata={"help": "With openai: models, the served model's tokenizer id/path (default: MODEL)."}
     )
     concurrency: int = field(default=16, metadata={"help": "With openai: models, requests in flight at once."})
-    request_timeout: float = field(default=60.0, metadata={"help": "With openai: models, seconds per attempt."})
+    request_timeout: float = field(
+        default=60.0, metadata={"help": "With openai: models, total deadline of one attempt, seconds."}
+    )
     max_retries: int = field(
         default=3, metadata={"help": "With openai: models, retries on connection errors, timeouts, 5xx and 429."}
+    )
+    logprobs_mode: str = field(
+        default="raw",
+        metadata={
+            "help": "With openai: models, which log-probs the server returns: raw (vLLM's default) or processed "
+            "(vLLM --logprobs-mode processed_logprobs; SGLang). Recorded in the card; training checks it.",
+            "choices": ["raw", "processed"],
+        },
     )
     backend: str = field(
         default="generate",
@@ -175,7 +185,12 @@ def cmd_generate(argv: list[str]) -> int:
         reuse_kv=not args.no_reuse_kv,
         tokenizer=args.tokenizer,
         trust_remote_code=args.trust_remote_code,
-        endpoint={"concurrency": args.concurrency, "timeout": args.request_timeout, "max_retries": args.max_retries},
+        endpoint={
+            "concurrency": args.concurrency,
+            "timeout": args.request_timeout,
+            "max_retries": args.max_retries,
+            "logprobs_mode": args.logprobs_mode,
+        },
     )
     run = asdict(options)
     num_rollouts = run.pop("num_rollouts")

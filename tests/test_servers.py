@@ -189,27 +189,41 @@ def _cli(*args, timeout=300):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def test_cli_token_mode_run_and_an_all_failed_run(tiny, tokenizer, tmp_path):
+def test_cli_token_mode_run_and_the_logprob_convention_in_training(tiny, tokenizer, tmp_path):
+    import torch
+
+    from hf_rollouts.tiny_model import tiny_model_path
+    from hf_rollouts.training import prepare_rollouts, token_logprobs
+
+    model, _ = tiny
+    base = ["generate", "--env", "mastermind", "--num-tasks", "1", "--num-rollouts", "2", "--max-new-tokens", "6"]
+    with VLLMProtocolServer(model, tokenizer, logprobs_mode="raw_logprobs") as server:  # vLLM's default
+        run = _cli(
+            *base,
+            *("--temperature", "0.5", "--model", f"openai:{server.url}#tiny", "--tokenizer", str(tiny_model_path())),
+            *("--output", str(tmp_path / "ok"), "--cache-dir", str(tmp_path / "cache")),
+        )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "mode tokens" in run.stdout and "text_fallbacks=0" in run.stdout and "failures=0" in run.stdout
+    shown = _cli("inspect", str(tmp_path / "ok"))
+    assert shown.returncode == 0 and "re-tokenized" not in shown.stdout
+    prepared = prepare_rollouts(str(tmp_path / "ok"), flatten=True)
+    assert prepared.logprob_convention == {"kind": "raw", "temperature": 1.0}  # read back from the card
+    row = prepared.dataset[0]
+    ids = torch.tensor([row["input_ids"]])
+    with pytest.raises(ValueError, match=r"log_softmax\(logits / 1\).*temperature=0.5.*processed_logprobs"):
+        token_logprobs(model, ids, temperature=0.5, convention=prepared.logprob_convention)
+    with torch.no_grad():  # recomputed like the stored ones: the ratio is 1 on every agent token
+        new = token_logprobs(model, ids, temperature=1.0, convention=prepared.logprob_convention)[0]
+    agent = torch.tensor(row["agent_mask"]).bool()
+    torch.testing.assert_close(new[agent], torch.tensor(row["old_logprobs"])[agent], rtol=1e-4, atol=1e-4)
+
+
+def test_cli_exits_non_zero_when_every_episode_failed(tiny, tokenizer, tmp_path):
     from hf_rollouts.tiny_model import tiny_model_path
 
     model, _ = tiny
     base = ["generate", "--env", "mastermind", "--num-tasks", "1", "--num-rollouts", "2", "--max-new-tokens", "6"]
-    with VLLMProtocolServer(model, tokenizer) as server:
-        run = _cli(
-            *base,
-            "--model",
-            f"openai:{server.url}#tiny",
-            "--tokenizer",
-            str(tiny_model_path()),
-            "--output",
-            str(tmp_path / "ok"),
-            "--cache-dir",
-            str(tmp_path / "cache"),
-        )
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "mode tokens" in run.stdout and "text_fallbacks=0" in run.stdout
-    shown = _cli("inspect", str(tmp_path / "ok"))
-    assert shown.returncode == 0 and "re-tokenized" not in shown.stdout
     with VLLMProtocolServer(model, tokenizer) as server:  # the probe passes, then every turn overflows the context
         too_long = [*base[:-2], "--max-new-tokens", "5000", "--model", f"openai:{server.url}#tiny"]
         failed = _cli(*too_long, "--tokenizer", str(tiny_model_path()), "--output", str(tmp_path / "bad"))
