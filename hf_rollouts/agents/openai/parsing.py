@@ -73,7 +73,7 @@ def parse_completion(data: dict[str, Any], where: str, *, want_logprobs: bool) -
     if not ids:
         raise OpenAIRequestError(
             f"{where}: choices[0].token_ids is {str(choice.get('token_ids'))[:80]!r}; a token-mode answer must list "
-            "the sampled ids ('return_token_ids': vLLM >= 0.10.2, SGLang with return_token_ids)."
+            "the sampled ids (a server that honours 'return_token_ids': vLLM, recent SGLang)."
         )
     logprobs = None
     if want_logprobs:
