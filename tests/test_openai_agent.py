@@ -461,3 +461,33 @@ def test_a_failed_probe_fails_every_request_of_the_batch():
     agent = OpenAIChatAgent(base_url=f"http://127.0.0.1:{port}/v1", model="m", max_retries=0, **FAST)
     out = agent.act_batch([request(session="a"), request(session="b")])
     assert all(isinstance(r, OpenAIRequestError) and "ConnectError" in str(r) for r in out)
+
+
+def test_a_server_that_stalls_mid_body_is_cut_at_the_deadline():
+    def stall(h, i, body):
+        h.send_response(200)
+        h.send_header("Content-Length", "1000")
+        h.end_headers()
+        try:
+            for _ in range(3):
+                h.wfile.write(b" ")
+                h.wfile.flush()
+                time.sleep(0.1)
+            time.sleep(3.0)  # silent: only the watchdog ends the read before the per-read timeout would
+        except OSError:
+            pass
+
+    with LoopbackServer(stall) as server:
+        agent = agent_for(server, timeout=0.6, max_retries=0)
+        with pytest.raises(OpenAIRequestError, match=r"did not complete within the 0.6s deadline"):
+            agent.act(request())
+
+
+def test_the_deadline_watchdog_finds_the_socket_to_shut_down():
+    from hf_rollouts.agents.openai.http import _socket_of
+
+    with LoopbackServer(lambda h, i, body: send_json(h, OK_BODY)) as server:
+        client = agent_for(server)._http()
+        with client._client.stream("POST", chat_completions_url(server.url), json={}) as response:
+            assert isinstance(_socket_of(response), socket.socket)  # else only the per-read timeout would apply
+        client.close()

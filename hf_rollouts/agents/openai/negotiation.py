@@ -4,7 +4,7 @@
 
 1. unless settings say otherwise, a 1-token ``/v1/completions`` request with a token-id prompt,
    ``return_token_ids`` and ``logprobs: 0``. Ids in the answer (``choices[0].token_ids``) →
-   **token mode**. A 200 without ids (the field was silently ignored, as vLLM < 0.10.2 and
+   **token mode**. A 200 without ids (the field was silently ignored, as older vLLM and
    SGLang without it do), an HTTP 400/422 about the prompt or about ``return_token_ids``
    (``transformers serve``: "prompt must be a string"), or a 404 → no token mode;
 2. otherwise a 1-token ``/v1/chat/completions`` request → **chat mode**, recording whether the
