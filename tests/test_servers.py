@@ -116,6 +116,29 @@ def test_token_mode_is_exact_on_every_turn_under_a_history_rewriting_template(ti
     assert agent.describe()["logprob_convention"] == {"kind": "processed", "temperature": 0.8}
 
 
+def test_token_mode_keeps_the_sampled_stop_token(tiny, qwen_tokenizer):
+    model, _ = tiny
+    eos = qwen_tokenizer.eos_token_id
+    with VLLMProtocolServer(model, qwen_tokenizer) as server:
+        agent = OpenAIChatAgent(
+            base_url=server.url,
+            model="tiny",
+            tokenizer=qwen_tokenizer,
+            max_new_tokens=12,
+            logprobs_mode="processed",
+            extra_body={"logit_bias": {str(eos): 4.0}},  # make the end-of-turn token likely
+        )
+        out = MastermindEnv(qwen_tokenizer, {"max_turns": 3}).run_trial(TASKS, agent, num_rollouts=2)
+        turns = check_every_turn(out, server, "completions")  # the next prompt holds the stop id once, as sampled
+    ends = [ids[e - 1] for ids, mask, _, _ in _rollouts(out) for _, e in _turn_spans(mask)]
+    stopped = sum(1 for i in ends if i == eos)
+    assert 0 < stopped < turns and stopped == turns - sum(out["num_cut_turns"])  # budget cuts are counted apart
+    for ids, mask, _, _ in _rollouts(out):
+        for _, e in _turn_spans(mask)[:-1]:
+            if ids[e - 1] == eos:  # the template's closing continues after the sampled stop token, not doubled
+                assert ids[e] != eos
+
+
 def test_chat_mode_under_that_template_drops_later_turns_to_text(tiny, qwen_tokenizer):
     model, _ = tiny
     with VLLMProtocolServer(model, qwen_tokenizer) as server:

@@ -7,7 +7,8 @@ search index's copies; see /work/notes/servers.md):
   (``prompt: list[int] | str``, ``logprobs: int``, ``return_token_ids``, ``stop_token_ids``,
   ``seed``, extra fields allowed and ignored), ``CompletionResponse``/``CompletionResponseChoice``
   (``text``, ``logprobs{text_offset,token_logprobs,tokens,top_logprobs}``, ``finish_reason``,
-  ``stop_reason``, ``token_ids``, ``prompt_token_ids``, ``prompt_logprobs``);
+  ``stop_reason``, ``token_ids``, ``prompt_token_ids``, ``prompt_logprobs``; ``logit_bias`` is applied
+  as a logits processor, so raw log-probs include it here);
 * ``vllm/entrypoints/openai/chat_completion/protocol.py`` @002032ee2b18 — ``ChatCompletionResponse``
   (``prompt_token_ids`` on the response; ``token_ids``/``stop_reason`` on the choice;
   ``logprobs.content[*]{token,logprob,bytes,top_logprobs}``);
@@ -133,7 +134,7 @@ class VLLMProtocolServer:
             raise BadRequest(f"The model `{body.get('model')}` does not exist.", "model", 404)
         known = {
             "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-            "logprobs", "top_logprobs", "return_token_ids", "stop_token_ids", "n", "stream",
+            "logprobs", "top_logprobs", "return_token_ids", "stop_token_ids", "n", "stream", "logit_bias",
         }  # fmt: skip
         self.ignored_fields += [k for k in body if k not in known]  # vLLM: extra="allow", a warning only
         if body.get("n", 1) != 1 or body.get("stream"):
@@ -149,6 +150,7 @@ class VLLMProtocolServer:
             "seed": body.get("seed"),
             "stop_token_ids": stop,
             "return_ids": bool(body.get("return_token_ids")) and self.return_token_ids_supported,
+            "logit_bias": {int(k): float(v) for k, v in (body.get("logit_bias") or {}).items()},
         }
 
     def completions(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -251,6 +253,8 @@ class VLLMProtocolServer:
             for _ in range(p["max_tokens"]):
                 out = self.model(input_ids=step, past_key_values=past, use_cache=True)
                 past, logits = out.past_key_values, out.logits[0, -1].float()
+                for token_id, bias in p["logit_bias"].items():  # OpenAI's logit_bias, a logits processor
+                    logits[token_id] += bias
                 raw = torch.log_softmax(logits, -1)
                 if p["temperature"] == 0:
                     token, processed = int(torch.argmax(logits)), raw

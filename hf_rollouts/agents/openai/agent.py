@@ -296,7 +296,8 @@ class OpenAIChatAgent(Agent):
     def describe(self) -> dict[str, Any]:
         """What the dataset card says; the negotiated mode once the server was probed."""
         s = self.settings
-        caps = self.capabilities
+        decided = s.mode == "tokens" or (s.mode == "chat" and None not in (s.request_token_ids, s.request_logprobs))
+        caps = self.negotiate() if decided else self.capabilities  # settings decide: no network needed
         return {
             "model": s.model,
             "backend": "openai-compatible server",
