@@ -69,9 +69,19 @@ class GenerateArgs:
         default=None, metadata={"help": "With openai: models, the served model's tokenizer id/path (default: MODEL)."}
     )
     concurrency: int = field(default=16, metadata={"help": "With openai: models, requests in flight at once."})
-    request_timeout: float = field(default=60.0, metadata={"help": "With openai: models, seconds per attempt."})
+    request_timeout: float = field(
+        default=60.0, metadata={"help": "With openai: models, total deadline of one attempt, seconds."}
+    )
     max_retries: int = field(
         default=3, metadata={"help": "With openai: models, retries on connection errors, timeouts, 5xx and 429."}
+    )
+    logprobs_mode: str = field(
+        default="raw",
+        metadata={
+            "help": "With openai: models, which log-probs the server returns: raw (vLLM's default) or processed "
+            "(vLLM --logprobs-mode processed_logprobs; SGLang). Recorded in the card; training checks it.",
+            "choices": ["raw", "processed"],
+        },
     )
     backend: str = field(
         default="generate",
@@ -175,19 +185,29 @@ def cmd_generate(argv: list[str]) -> int:
         reuse_kv=not args.no_reuse_kv,
         tokenizer=args.tokenizer,
         trust_remote_code=args.trust_remote_code,
-        endpoint={"concurrency": args.concurrency, "timeout": args.request_timeout, "max_retries": args.max_retries},
+        endpoint={
+            "concurrency": args.concurrency,
+            "timeout": args.request_timeout,
+            "max_retries": args.max_retries,
+            "logprobs_mode": args.logprobs_mode,
+        },
     )
     run = asdict(options)
     num_rollouts = run.pop("num_rollouts")
-    ds = generate_rollouts(
-        tasks,
-        agent,
-        num_rollouts,
-        allowed_env_modules=args.allow_env_module,
-        allowed_env_models=args.allow_env_model,
-        cache_dir=args.cache_dir,
-        **run,
-    )
+    from .agents.openai import OpenAIRequestError
+
+    try:
+        ds = generate_rollouts(
+            tasks,
+            agent,
+            num_rollouts,
+            allowed_env_modules=args.allow_env_module,
+            allowed_env_models=args.allow_env_model,
+            cache_dir=args.cache_dir,
+            **run,
+        )
+    except OpenAIRequestError as exc:  # e.g. the server cannot be reached to negotiate a mode
+        raise SystemExit(f"error: {exc}") from None
     state = process_state()
     if not state.is_main_process:
         return 0
@@ -208,6 +228,17 @@ def cmd_generate(argv: list[str]) -> int:
     )
     for key, value in stats.table():
         print(f"  {key:<22} {value}")
+    if isinstance(getattr(agent, "stats", None), dict):  # an endpoint agent's request counters
+        mode = info.get("mode")
+        print(f"  agent{f' (mode {mode})' if mode else ''}: " + " ".join(f"{k}={v}" for k, v in agent.stats.items()))
+    statuses = [s for row in ds["statuses"] for s in row]
+    if statuses and all(s == "error" for s in statuses):
+        first = next((e for row in ds["errors"] for e in row if e), "")
+        print(
+            f"error: every episode of this run failed ({len(statuses)} of {len(statuses)}); first error: {first}",
+            file=sys.stderr,
+        )
+        return 1
     if args.push_to_hub:
         url = push_rollouts(ds, args.push_to_hub, card, private=args.private)
         print(f"pushed to {url}")

@@ -26,6 +26,11 @@ TASK_COLUMN_HELP = {
     "task_data": "JSON task passed to `_initialize_episode`",
 }
 
+LOGPROB_CONVENTION_KEY = "hf_rollouts_logprob_convention"
+"""Dataset-card YAML key of the stored log-probs' convention, ``{"kind": "raw" | "processed",
+"temperature": T}`` (the values are ``log_softmax(logits / T)``); absent for hf_rollouts' own
+agents, whose log-probs are always at the sampling temperature. See :mod:`hf_rollouts.training.convention`."""
+
 PAD_TOKEN = "pad_token"
 """Padding marker of the id column: the tokenizer's ``pad_token_id``."""
 

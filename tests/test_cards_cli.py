@@ -157,7 +157,7 @@ def test_cli_openai_spec_builds_the_endpoint_agent(tiny, tmp_path):
     )
     info = agent.describe()
     assert info["base_url"] == "http://127.0.0.1:9/v1" and info["model"] == "tiny"
-    assert agent.settings.concurrency == 3 and agent.settings.max_tokens == 7 and agent.settings.temperature == 0.3
+    assert agent.settings.concurrency == 3 and agent.sampling.max_new_tokens == 7 and agent.sampling.temperature == 0.3
     assert agent.tokenizer.pad_token_id is not None
 
 

@@ -126,8 +126,9 @@ def test_gamemaster_from_config(tokenizer):
     with pytest.raises(ValueError, match="gamemaster_model"):
         gamemaster_from_config({"gamemaster": "agent"})
     gm = gamemaster_from_config({"gamemaster_model": "openai:http://127.0.0.1:9/v1#judge", "gamemaster_max_tokens": 4})
-    s = gm.agent.settings
-    assert (s.model, s.temperature, s.max_tokens, s.request_token_ids) == ("judge", 0.0, 4, False)
+    s, sampling = gm.agent.settings, gm.agent.sampling
+    assert (s.model, s.mode, sampling.temperature, sampling.max_new_tokens) == ("judge", "chat", 0.0, 4)
+    assert gm.agent.negotiate().source == "settings"  # text answers only: no probe of a task-named host
     assert gm.system_prompt == DEFAULT_SYSTEM_PROMPT and gm._agent_lock is None  # HTTP agent: concurrent questions
     local = gamemaster_from_config({"gamemaster_model": "tiny"})
     assert local.agent.sampling.temperature == 0.0 and local._agent_lock is not None

@@ -1,27 +1,21 @@
-"""OpenAIChatAgent against real HTTP servers on 127.0.0.1.
+"""OpenAIChatAgent's client, parsing and negotiation against scripted HTTP servers on 127.0.0.1.
 
-* a small vLLM-style server (stdlib ``http.server``) that runs the tiny model and
-  returns sampled ids, log-probabilities and prompt ids: the token-exact path;
-* ``transformers serve`` on the tiny model (skipped without the serving extra):
-  a real OpenAI-compatible server that returns text only;
-* scripted servers for the failure modes: slow answers, 5xx, 429, 4xx, a
-  connection dropped mid-response, nothing listening.
+Scripted servers (stdlib ``http.server``) answer what a test needs: slow answers, 5xx, 429,
+4xx, a connection dropped mid-response, a trickled body, redirects, malformed 200s, and the
+answers that drive capability negotiation. Real servers (the tiny model behind a vLLM-protocol
+server, ``transformers serve``) are in ``test_servers.py``.
 
 Every server listens on 127.0.0.1 only, every loop and wait is bounded.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
+import pickle
 import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -31,12 +25,15 @@ from hf_rollouts.agents.openai import (
     OpenAIRequestError,
     OpenAISettings,
     chat_completions_url,
+    completions_url,
     parse_openai_spec,
 )
+from hf_rollouts.agents.sampling import SamplingConfig
 from hf_rollouts.envs.mastermind import MastermindEnv
 from hf_rollouts.types import AgentRequest
 
 FAST = {"backoff": 0.01, "max_backoff": 0.05}
+CHAT_ONLY = {"mode": "chat", "request_token_ids": False, "request_logprobs": False}  # explicit: no probe
 OK_BODY = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "1 2 3 4"}, "finish_reason": "stop"}]}
 
 
@@ -47,6 +44,9 @@ class LoopbackServer:
     def __init__(self, respond):
         self.respond = respond
         self.bodies: list[dict] = []
+        self.paths: list[str] = []
+        self.client_ports: list[int] = []
+        self.headers: list[dict] = []
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
@@ -64,6 +64,9 @@ class LoopbackServer:
                 with server._lock:
                     index = len(server.bodies)
                     server.bodies.append(body)
+                    server.paths.append(self.path)
+                    server.client_ports.append(self.client_address[1])
+                    server.headers.append(dict(self.headers))
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 try:
@@ -111,198 +114,17 @@ def drop_mid_response(handler):
 
 
 def agent_for(server, **kw):
-    return OpenAIChatAgent(base_url=server.url, model="test-model", **{**FAST, **kw})
+    return OpenAIChatAgent(base_url=server.url, model="test-model", **{**FAST, **CHAT_ONLY, **kw})
 
 
-def request(text="Guess the code.", session="s"):
-    return AgentRequest(messages=[{"role": "user", "content": text}], prompt_token_ids=[], session_id=session)
-
-
-# -- a vLLM-style server running the tiny model ----------------------------------------------------------
-class TinyModelServer(LoopbackServer):
-    """``/v1/chat/completions`` by the tiny model, answering like vLLM with ``return_token_ids``/``logprobs``."""
-
-    def __init__(self, model, tokenizer, *, bad_prompt_ids=False, omit_prompt_ids=False):
-        from hf_rollouts.agents.hf import TransformersAgent
-        from hf_rollouts.chat import ChatDelta
-
-        self.model_agent = TransformersAgent(model, tokenizer, temperature=1.0, max_new_tokens=10, seed=0)
-        self.chat = ChatDelta(tokenizer)
-        self.answers: list[dict] = []
-        self.bad_prompt_ids = bad_prompt_ids
-        self.omit_prompt_ids = omit_prompt_ids
-        self._model_lock = threading.Lock()
-        super().__init__(self._respond)
-
-    def _respond(self, handler, index, body):
-        prompt_ids = self.chat.initial_ids(body["messages"])  # the server renders the chat itself
-        with self._model_lock:
-            self.model_agent.sampling.max_new_tokens = int(body.get("max_tokens", 10))
-            self.model_agent.set_seed(int(body.get("seed", 0)))
-            action, _ = self.model_agent.act(AgentRequest(messages=body["messages"], prompt_token_ids=prompt_ids))
-            self.answers.append(
-                {"seed": body.get("seed"), "ids": action.token_ids, "logprobs": action.logprobs, "prompt": prompt_ids}
-            )
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": action.text},
-            "finish_reason": "stop" if action.stopped else "length",
-        }
-        payload = {"id": f"cmpl-{index}", "object": "chat.completion", "model": body["model"], "choices": [choice]}
-        if body.get("return_token_ids"):
-            choice["token_ids"] = action.token_ids
-            if not self.omit_prompt_ids:
-                payload["prompt_token_ids"] = [0] + prompt_ids if self.bad_prompt_ids else prompt_ids
-        if body.get("logprobs"):
-            tokens = self.model_agent.tokenizer.convert_ids_to_tokens(action.token_ids)
-            choice["logprobs"] = {"content": [{"token": t, "logprob": lp} for t, lp in zip(tokens, action.logprobs)]}
-        send_json(handler, payload)
-
-
-@pytest.fixture()
-def tiny_server(tiny):
-    with TinyModelServer(*tiny) as server:
-        yield server
-
-
-def test_token_exact_rollouts_from_a_vllm_style_server(tiny_server, tokenizer):
-    env = MastermindEnv(tokenizer, {"max_turns": 1})
-    agent = OpenAIChatAgent(base_url=tiny_server.url, model="tiny", max_tokens=10, tokenizer=tokenizer, concurrency=4)
-    out = env.run_trial([{"code": [1, 2, 3, 4]}, {"code": [4, 3, 2, 1]}], agent, num_rollouts=3)
-    assert agent.stats["requests"] == 6 and agent.stats["token_exact"] == 6 and agent.stats["text_fallbacks"] == 0
-    by_seed = {a["seed"]: a for a in tiny_server.answers}
-    bodies = sorted(tiny_server.bodies, key=lambda b: b["seed"])
-    assert len({b["seed"] for b in bodies}) == 6  # every rollout gets its own seed: a GRPO group is not 3 copies
-    assert all(b["logprobs"] is True and b["return_token_ids"] is True and b["model"] == "tiny" for b in bodies)
-    served = sorted((tuple(a["ids"]), tuple(a["logprobs"])) for a in by_seed.values())
-    stored = []
-    for ids, mask, lps in zip(out["padded_full_token_ids"], out["padded_agent_token_mask"], out["padded_logprobs"]):
-        agent_ids = [t for t, m in zip(ids, mask) if m]
-        agent_lps = [lp for lp, m in zip(lps, mask) if m]
-        assert agent_ids and len(agent_lps) == len(agent_ids)
-        stored.append((tuple(agent_ids), tuple(agent_lps)))
-    # the stored agent tokens and log-probs are exactly what the server sampled
-    assert sorted(stored) == served
-    for a in tiny_server.answers:  # and the server conditioned on the env's prompt ids
-        assert a["prompt"] == tiny_server.chat.initial_ids([{"role": "user", "content": env._format_prompt(None, 0)}])
-
-
-def test_multi_turn_falls_back_to_text_when_the_server_context_differs(tiny_server, tokenizer):
-    env = MastermindEnv(tokenizer, {"max_turns": 3})
-    agent = OpenAIChatAgent(base_url=tiny_server.url, model="tiny", max_tokens=10, tokenizer=tokenizer)
-    out = env.run_trial([{"code": [1, 2, 3, 4]}], agent, num_rollouts=2)
-    s = agent.stats
-    assert all(st in ("done", "truncated") for st in out["statuses"])
-    assert s["token_exact"] >= 2  # every first turn is exact
-    assert s["token_exact"] + s["text_fallbacks"] == s["requests"] and s["token_mismatches"] == s["text_fallbacks"]
-
-
-def test_mismatched_prompt_ids_policy(tiny, tokenizer):
-    with TinyModelServer(*tiny, bad_prompt_ids=True) as server:
-        env = MastermindEnv(tokenizer, {"max_turns": 1})
-        text_agent = OpenAIChatAgent(base_url=server.url, model="tiny", max_tokens=6, tokenizer=tokenizer)
-        out = env.run_trial([{"code": [1, 2, 3, 4]}], text_agent, num_rollouts=2)
-        assert out["padded_logprobs"] == [None, None] and text_agent.stats["text_fallbacks"] == 2
-        strict = OpenAIChatAgent(
-            base_url=server.url, model="tiny", max_tokens=6, tokenizer=tokenizer, on_token_mismatch="error"
-        )
-        out = env.run_trial([{"code": [1, 2, 3, 4]}], strict, num_rollouts=1)
-        assert (
-            out["statuses"] == ["error"] and "token contract" in out["errors"][0] and "position 0" in out["errors"][0]
-        )
-        assert strict.stats["failures"] == 1
-
-
-def test_pipeline_with_the_served_model(tiny_server, tokenizer, tmp_path):
-    from hf_rollouts.pipeline import generate_rollouts
-
-    tasks = MastermindEnv(tokenizer, {"max_turns": 1}).get_train_dataset(2)
-    agent = OpenAIChatAgent(base_url=tiny_server.url, model="tiny", max_tokens=8, tokenizer=tokenizer)
-    ds = generate_rollouts(tasks, agent, 2, seed=0, cache_dir=tmp_path, progress=False)
-    assert len(ds) == 2 and all(s != "error" for row in ds["statuses"] for s in row)
-    again = generate_rollouts(tasks, agent, 2, seed=0, cache_dir=tmp_path / "fresh", progress=False)
-    assert again["padded_full_token_ids"] == ds["padded_full_token_ids"]  # same per-request seeds, same samples
-
-
-# -- transformers serve -------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def transformers_server(tmp_path_factory):
-    if not all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "openai")):
-        pytest.skip('transformers serve needs `pip install "transformers[serving]"`')
-    from hf_rollouts.tiny_model import build_tiny_model, tiny_model_path
-
-    build_tiny_model(seed=0)
-    path = str(tiny_model_path(0))
-    port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    cmd = [
-        sys.executable,
-        "-c",
-        "from transformers.cli.transformers import main; main()",
-        "serve",
-        path,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--device",
-        "cpu",
-        "--default-seed",
-        "0",
-    ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"transformers serve exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
-            try:
-                with no_proxy.open(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"transformers serve not ready in 90s:\n{log.read_text()[-2000:]}")
-            time.sleep(0.3)
-        yield f"http://127.0.0.1:{port}/v1", path
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-def test_transformers_serve_text_only_rollouts(transformers_server, tokenizer):
-    url, model = transformers_server
-    env = MastermindEnv(tokenizer, {"max_turns": 2})
-    agent = OpenAIChatAgent(
-        base_url=url, model=model, max_tokens=6, tokenizer=tokenizer, request_token_ids=False, concurrency=4
-    )
-    out = env.run_trial([{"code": [1, 2, 3, 4]}, {"code": [2, 2, 2, 2]}], agent, num_rollouts=2)
-    assert all(s in ("done", "truncated") for s in out["statuses"]), out["errors"]
-    assert out["padded_logprobs"] == [None] * 4  # no ids from this server: text, tokenized once by the env
-    assert agent.stats["requests"] == agent.stats["text_fallbacks"] > 0 and agent.stats["failures"] == 0
-    assert all(sum(m) > 0 for m in out["padded_agent_token_mask"])
-
-
-def test_transformers_serve_rejects_return_token_ids_with_a_clear_hint(transformers_server):
-    url, model = transformers_server
-    agent = OpenAIChatAgent(base_url=url, model=model, max_tokens=4, **FAST)
-    with pytest.raises(OpenAIRequestError, match="request_token_ids=False") as info:
-        agent.act(request())
-    assert "422" in str(info.value) and agent.stats["attempts"] == 1  # a client error is not retried
+def request(text="Guess the code.", session="s"):
+    return AgentRequest(messages=[{"role": "user", "content": text}], prompt_token_ids=[], session_id=session)
 
 
 # -- failure modes ---------------------------------------------------------------------------------
@@ -359,13 +181,11 @@ def test_dropped_connection_is_retried():
 
 def test_always_dropped_connection_and_nothing_listening():
     with LoopbackServer(lambda h, i, body: drop_mid_response(h)) as server:
-        with pytest.raises(OpenAIRequestError, match=r"failed after 3 attempt\(s\).*IncompleteRead"):
+        with pytest.raises(OpenAIRequestError, match=r"failed after 3 attempt\(s\).*RemoteProtocolError"):
             agent_for(server, max_retries=2).act(request())
     port = _free_port()
-    agent = OpenAIChatAgent(base_url=f"http://127.0.0.1:{port}/v1", model="m", max_retries=1, **FAST)
-    with pytest.raises(
-        OpenAIRequestError, match=r"failed after 2 attempt\(s\).*(Connection refused|ConnectionRefused)"
-    ):
+    agent = OpenAIChatAgent(base_url=f"http://127.0.0.1:{port}/v1", model="m", max_retries=1, **FAST, **CHAT_ONLY)
+    with pytest.raises(OpenAIRequestError, match=r"failed after 2 attempt\(s\).*ConnectError"):
         agent.act(request())
 
 
@@ -437,61 +257,237 @@ def test_vllm_token_id_strings_and_length_finish():
 def test_request_seeds_settings_and_fingerprint(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
     agent = OpenAIChatAgent(
-        base_url="http://127.0.0.1:9/v1", model="m", temperature=0.7, seed=5, extra_body={"top_k": 20}
+        base_url="http://127.0.0.1:9/v1", model="m", temperature=0.7, seed=5, extra_body={"top_k": 20}, **CHAT_ONLY
     )
+    assert agent.sampling == SamplingConfig(temperature=0.7)  # sampling keywords go to the one SamplingConfig
     a, b = agent.request_body(request(session="row0/rollout0")), agent.request_body(request(session="row0/rollout1"))
     assert a["seed"] != b["seed"] and a["seed"] == agent.request_body(request(session="row0/rollout0"))["seed"]
     agent.set_seed(1)
     assert agent.request_body(request(session="row0/rollout0"))["seed"] != a["seed"]
-    assert a["top_k"] == 20 and a["temperature"] == 0.7 and a["logprobs"] is True and a["return_token_ids"] is True
-    assert "seed" not in OpenAIChatAgent(base_url="http://x/v1", model="m", seed=None).request_body(request())
-    fp, desc = agent.fingerprint(), agent.describe()
+    assert a["top_k"] == 20 and a["temperature"] == 0.7 and a["max_tokens"] == agent.sampling.max_new_tokens
+    fp, desc = agent.fingerprint(), agent.describe()  # explicit chat settings: no probe, no network
+    assert fp["negotiated"]["mode"] == "chat" and fp["negotiated"]["source"] == "settings"
+    assert set(fp["negotiated"]["dropped"]) == {"return_token_ids", "logprobs"}
+    assert "logprobs" not in agent.request_body(request()) and "return_token_ids" not in agent.request_body(request())
     assert fp["base_url"] == "http://127.0.0.1:9/v1" and fp["model"] == "m" and fp["sampling"]["temperature"] == 0.7
-    assert desc["model"] == "m" and desc["sampling"]["seed"] == 5
+    assert desc["model"] == "m" and desc["sampling"]["seed"] == 5 and desc["mode"] == "chat"
     assert "sk-secret" not in json.dumps(fp) + json.dumps(desc)
+    no_seed = OpenAIChatAgent(base_url="http://x/v1", model="m", seed=None, **CHAT_ONLY)
+    assert "seed" not in no_seed.request_body(request())
     assert chat_completions_url("http://h:1") == "http://h:1/v1/chat/completions"
     assert chat_completions_url("http://h:1/v1/") == "http://h:1/v1/chat/completions"
+    assert completions_url("http://h:1/v1/chat/completions") == "http://h:1/v1/completions"
     assert parse_openai_spec("openai:http://127.0.0.1:8000/v1#org/model") == ("http://127.0.0.1:8000/v1", "org/model")
-    assert OpenAIChatAgent.from_spec("openai:http://h/v1#m", max_tokens=3).settings.max_tokens == 3
+    spec_agent = OpenAIChatAgent.from_spec("openai:http://h/v1#m", max_new_tokens=3)
+    assert spec_agent.sampling.max_new_tokens == 3 and spec_agent.describe()["mode"] == "auto (not negotiated yet)"
     for bad in ("http://h#m", "openai:http://h/v1", "openai:#m"):
         with pytest.raises(ValueError):
             parse_openai_spec(bad)
-    with pytest.raises(ValueError):
-        OpenAISettings(model="")
-    with pytest.raises(ValueError):
-        OpenAISettings(model="m", on_token_mismatch="maybe")
+    for bad_settings in ({"model": ""}, {"model": "m", "on_token_mismatch": "maybe"}, {"model": "m", "mode": "x"}):
+        with pytest.raises(ValueError):
+            OpenAISettings(**bad_settings)
+    with pytest.raises(ValueError, match="temperature"):
+        OpenAIChatAgent(base_url="http://h/v1", model="m", temperature=-1)  # validated once, by SamplingConfig
+    with pytest.raises(TypeError, match="SamplingConfig"):
+        OpenAIChatAgent(base_url="http://h/v1", model="m", sampling=SamplingConfig(), temperature=0.5)
+    assert not hasattr(OpenAISettings(model="m"), "temperature")  # sampling is never restated in the settings
 
 
 def test_api_key_is_sent_and_agent_pickles(monkeypatch):
-    import pickle
-
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    seen = []
-
-    class Capture(LoopbackServer):
-        pass
 
     def respond(h, i, body):
-        seen.append(h.headers.get("Authorization"))
         send_json(h, OK_BODY)
 
-    with Capture(respond) as server:
+    with LoopbackServer(respond) as server:
         agent = agent_for(server)
         agent.act(request())
         clone = pickle.loads(pickle.dumps(agent))
         assert clone.act(request())[0].text == "1 2 3 4"
-    assert seen == ["Bearer sk-test", "Bearer sk-test"]
+    assert [h.get("Authorization") for h in server.headers] == ["Bearer sk-test", "Bearer sk-test"]
 
 
-def test_later_turns_without_prompt_ids_are_not_trusted_as_exact(tiny, tokenizer):
-    with TinyModelServer(*tiny, omit_prompt_ids=True) as server:
+# -- hardening ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "choice, message",
+    [
+        ({"finish_reason": "stop"}, "no message"),
+        ({"message": {"role": "assistant", "content": None}, "finish_reason": "stop"}, "NoneType, not text"),
+        ({"message": {"role": "assistant", "content": ""}, "finish_reason": "stop"}, "empty content and no token"),
+    ],
+)
+def test_a_200_without_usable_content_is_an_episode_error(tokenizer, choice, message):
+    with LoopbackServer(lambda h, i, body: send_json(h, {"choices": [choice]})) as server:
         env = MastermindEnv(tokenizer, {"max_turns": 2})
-        agent = OpenAIChatAgent(base_url=server.url, model="tiny", max_tokens=6, tokenizer=tokenizer)
-        out = env.run_trial([{"code": [6, 6, 6, 6]}], agent, num_rollouts=1)
-        assert out["num_turns"] == [2]
-        mask, sampled = out["padded_agent_token_mask"][0], out["padded_sampled_token_mask"][0]
-        turns = [i for i, m in enumerate(mask) if m]
-        first_turn_end = next(i for i in range(turns[0], len(mask)) if not mask[i])
-        assert all(sampled[i] for i in range(turns[0], first_turn_end))  # turn 1: the server saw what we stored
-        assert not any(sampled[i] for i in turns if i >= first_turn_end)  # turn 2: unverifiable context -> text
-        assert agent.stats["token_mismatches"] == 1
+        agent = agent_for(server)
+        out = env.run_trial([{"code": [1, 2, 3, 4]}], agent, num_rollouts=2)
+    assert out["statuses"] == ["error", "error"] and all(message in e for e in out["errors"])
+    assert all(math.isnan(r) for r in out["final_rewards"]) and out["num_turns"] == [0, 0]
+    assert agent.stats["failures"] == 2 and agent.stats["retries"] == 0
+
+
+def test_no_choices_is_an_error():
+    with LoopbackServer(lambda h, i, body: send_json(h, {"object": "chat.completion", "choices": []})) as server:
+        with pytest.raises(OpenAIRequestError, match=r"no choices\[0\]"):
+            agent_for(server).act(request())
+
+
+def test_redirects_are_not_followed_and_the_key_stays_home(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    with LoopbackServer(lambda h, i, body: send_json(h, OK_BODY)) as elsewhere:
+
+        def redirect(h, i, body):
+            h.send_response(307)
+            h.send_header("Location", elsewhere.url + "/chat/completions")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+
+        with LoopbackServer(redirect) as server:
+            agent = agent_for(server)
+            with pytest.raises(OpenAIRequestError, match="HTTP 307, a redirect to .* not followed"):
+                agent.act(request())
+    assert elsewhere.bodies == [] and agent.stats["attempts"] == 1  # never followed, never retried
+
+
+def test_a_trickling_server_hits_the_total_deadline():
+    def trickle(h, i, body):
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", "100000")
+        h.end_headers()
+        try:
+            for _ in range(400):  # one byte every 20 ms: no single read ever times out
+                h.wfile.write(b" ")
+                h.wfile.flush()
+                time.sleep(0.02)
+        except OSError:
+            pass  # the client hung up at its deadline
+
+    with LoopbackServer(trickle) as server:
+        agent = agent_for(server, timeout=0.5, max_retries=0)
+        with pytest.raises(OpenAIRequestError, match=r"did not complete within the 0.5s deadline"):
+            agent.act(request())
+
+
+def test_connections_are_pooled():
+    with LoopbackServer(lambda h, i, body: send_json(h, OK_BODY)) as server:
+        agent = agent_for(server, concurrency=2)
+        for i in range(6):
+            agent.act(request(session=f"s{i}"))
+        assert len(server.client_ports) == 6 and len(set(server.client_ports)) == 1  # one kept-alive connection
+        agent.close()
+
+
+# -- negotiation against scripted servers ---------------------------------------------------------
+def _completion(ids, logprobs=None, prompt_ids=None, text="x"):
+    choice = {"index": 0, "text": text, "finish_reason": "stop", "token_ids": ids, "prompt_token_ids": prompt_ids}
+    if logprobs is not None:
+        choice["logprobs"] = {"token_logprobs": logprobs, "tokens": [], "text_offset": [], "top_logprobs": []}
+    return {"object": "text_completion", "choices": [choice]}
+
+
+def test_a_422_naming_a_field_drops_it_and_is_not_a_failure(tokenizer):
+    def respond(h, i, body):
+        if "stop_token_ids" in body:  # transformers-serve style rejection of one field
+            send_json(h, {"detail": "Unexpected fields in the request: {'stop_token_ids'}"}, status=422)
+        else:
+            ids = [7, 8, tokenizer.eos_token_id]
+            send_json(h, _completion(ids, [-0.5, -0.25, -1.0], body["prompt"], "ab"))
+
+    with LoopbackServer(respond) as server:
+        agent = OpenAIChatAgent(base_url=server.url, model="m", tokenizer=tokenizer, **FAST)
+        ids = tokenizer("hello", add_special_tokens=False)["input_ids"]
+        action, _ = agent.act(AgentRequest(messages=[{"role": "user", "content": "hello"}], prompt_token_ids=ids))
+    caps = agent.capabilities
+    assert caps.mode == "tokens" and caps.dropped == ("stop_token_ids",) and caps.returns_logprobs
+    assert action.token_ids == [7, 8, tokenizer.eos_token_id] and action.logprobs == [-0.5, -0.25, -1.0]
+    assert server.paths == ["/v1/completions"] * 3 and "stop_token_ids" not in server.bodies[2]
+    assert server.bodies[2]["prompt"] == ids and server.bodies[2]["logprobs"] == 0
+    s = agent.stats
+    assert (s["probe_requests"], s["failures"], s["retries"], s["token_exact"], s["prompts_verified"]) == (
+        2,
+        0,
+        0,
+        1,
+        1,
+    )
+
+
+def test_a_200_without_ids_negotiates_chat_mode(tokenizer):
+    def respond(h, i, body):
+        if h.path.endswith("/v1/completions"):
+            send_json(h, {"choices": [{"index": 0, "text": "hi", "finish_reason": "length"}]})  # field ignored
+        else:
+            send_json(h, OK_BODY)
+
+    with LoopbackServer(respond) as server:
+        agent = OpenAIChatAgent(base_url=server.url, model="m", tokenizer=tokenizer, **FAST)
+        action, _ = agent.act(request())
+    assert agent.capabilities.mode == "chat" and not agent.capabilities.returns_ids
+    assert "without choices[0].token_ids" in agent.capabilities.notes[0]
+    assert action.text == "1 2 3 4" and action.token_ids is None
+    assert server.paths == ["/v1/completions", "/v1/chat/completions", "/v1/chat/completions"]
+    assert agent.stats["text_fallbacks"] == 1 and agent.describe()["negotiated"]["mode"] == "chat"
+
+
+def test_explicit_settings_override_the_probe(tokenizer):
+    with LoopbackServer(lambda h, i, body: send_json(h, {"choices": [{"text": "no ids"}]})) as server:
+        agent = OpenAIChatAgent(base_url=server.url, model="m", tokenizer=tokenizer, mode="tokens", **FAST)
+        with pytest.raises(OpenAIRequestError, match=r"token_ids is 'None'"):  # token mode: never a text fallback
+            agent.act(AgentRequest(messages=[], prompt_token_ids=[3, 4]))
+    assert server.paths == ["/v1/completions"] and agent.capabilities.source == "settings"
+    assert agent.stats["text_fallbacks"] == 0 and agent.stats["failures"] == 1
+
+
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        (lambda prompt: _completion([5, 6], [-1.0, -2.0], [0, *prompt]), "first difference at position 0"),
+        (lambda prompt: _completion([5, 6], [-1.0], prompt), "1 log-probs for 2 token ids"),
+        (lambda prompt: _completion([5, 10**6], [-1.0, -2.0], prompt), "outside the env tokenizer's vocabulary"),
+        (lambda prompt: _completion([5, 6], None, prompt), "token_logprobs is missing"),
+    ],
+)
+def test_token_mode_contract_violations_are_errors(tokenizer, answer, message):
+    with LoopbackServer(lambda h, i, body: send_json(h, answer(body["prompt"]))) as server:
+        agent = OpenAIChatAgent(base_url=server.url, model="m", tokenizer=tokenizer, mode="tokens", **FAST)
+        with pytest.raises(OpenAIRequestError, match=message):
+            agent.act(AgentRequest(messages=[], prompt_token_ids=[3, 4, 5]))
+    assert agent.stats["token_exact"] == 0 and agent.stats["text_fallbacks"] == 0
+
+
+def test_a_failed_probe_fails_every_request_of_the_batch():
+    port = _free_port()
+    agent = OpenAIChatAgent(base_url=f"http://127.0.0.1:{port}/v1", model="m", max_retries=0, **FAST)
+    out = agent.act_batch([request(session="a"), request(session="b")])
+    assert all(isinstance(r, OpenAIRequestError) and "ConnectError" in str(r) for r in out)
+
+
+def test_a_server_that_stalls_mid_body_is_cut_at_the_deadline():
+    def stall(h, i, body):
+        h.send_response(200)
+        h.send_header("Content-Length", "1000")
+        h.end_headers()
+        try:
+            for _ in range(3):
+                h.wfile.write(b" ")
+                h.wfile.flush()
+                time.sleep(0.1)
+            time.sleep(3.0)  # silent: only the watchdog ends the read before the per-read timeout would
+        except OSError:
+            pass
+
+    with LoopbackServer(stall) as server:
+        agent = agent_for(server, timeout=0.6, max_retries=0)
+        with pytest.raises(OpenAIRequestError, match=r"did not complete within the 0.6s deadline"):
+            agent.act(request())
+
+
+def test_the_deadline_watchdog_finds_the_socket_to_shut_down():
+    from hf_rollouts.agents.openai.http import _socket_of
+
+    with LoopbackServer(lambda h, i, body: send_json(h, OK_BODY)) as server:
+        client = agent_for(server)._http()
+        with client._client.stream("POST", chat_completions_url(server.url), json={}) as response:
+            assert isinstance(_socket_of(response), socket.socket)  # else only the per-read timeout would apply
+        client.close()

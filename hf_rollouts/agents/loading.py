@@ -4,6 +4,7 @@
   built offline; ``tiny`` for tests and demos, ``tiny-small`` (4 layers, 256 wide) for benchmarks.
 * ``openai:BASE_URL#MODEL`` — an OpenAI-compatible endpoint (:class:`~.openai.OpenAIChatAgent`);
   ``tokenizer`` names the served model's tokenizer (default: ``MODEL``), which the env uses.
+  The agent negotiates token mode or chat mode with the server on first use.
 * anything else — a hub id or local path, loaded with ``from_pretrained``.
 """
 
@@ -55,15 +56,7 @@ def load_agent(
         )
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
-        return OpenAIChatAgent.from_spec(
-            spec,
-            tokenizer=tok,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=sampling.max_new_tokens,
-            seed=seed,
-            **(endpoint or {}),
-        )
+        return OpenAIChatAgent.from_spec(spec, sampling=sampling, tokenizer=tok, seed=seed, **(endpoint or {}))
     return TransformersAgent.from_pretrained(
         spec, sampling=sampling, seed=seed, backend=backend, reuse_kv=reuse_kv, trust_remote_code=trust_remote_code
     )

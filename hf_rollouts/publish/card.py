@@ -17,7 +17,7 @@ from datasets import Dataset
 from huggingface_hub import DatasetCard, DatasetCardData
 
 from .._version import __version__
-from ..schema import COLUMN_HELP
+from ..schema import COLUMN_HELP, LOGPROB_CONVENTION_KEY
 from .stats import compute_stats
 
 
@@ -47,6 +47,7 @@ def render_card(
         task_categories=["reinforcement-learning", "text-generation"],
         tags=["hf_rollouts", "rl", "multi-turn", "rollouts", "grpo", *[n.lower() for n in env_names]],
         size_categories="n<1K" if len(ds) < 1000 else "1K<n<10K" if len(ds) < 10000 else "10K<n<100K",
+        **({LOGPROB_CONVENTION_KEY: agent_info["logprob_convention"]} if agent_info.get("logprob_convention") else {}),
     )
     is_hub = not (load_path.startswith("/") or load_path.startswith("."))
     plain = (

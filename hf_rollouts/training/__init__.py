@@ -19,7 +19,9 @@ holds ``log p(input_ids[t] | input_ids[:t])`` computed as
 ``log_softmax(logits / temperature)`` (the agent's convention, see
 :mod:`hf_rollouts.agents.hf`); position 0 has no prediction and holds 0. The
 stored ``padded_logprobs`` and :func:`token_logprobs` both follow it, so their
-difference is the log importance ratio with no shifting by the caller.
+difference is the log importance ratio with no shifting by the caller. Log-probs from an
+inference server may follow another convention (vLLM's default is raw, before temperature);
+the card records it and :func:`token_logprobs` refuses a mismatch (:mod:`.convention`).
 
 Advantage modes (:data:`ADVANTAGE_MODES`), computed per group over the group's
 non-error rollouts and *before* anything is dropped:
@@ -38,6 +40,7 @@ them an all-zero loss mask, so they are never trained on as a zero reward.
 
 from .advantages import ADVANTAGE_MODES, DROP_REASONS, RolloutFilter, RolloutFilterReport, group_advantages
 from .collate import RolloutCollator
+from .convention import check_logprob_convention, read_logprob_convention
 from .data import FLAT_FEATURES, PreparedRollouts, load_rollouts, prepare_rollouts
 from .loss import grpo_loss, token_logprobs
 
@@ -49,9 +52,11 @@ __all__ = [
     "RolloutCollator",
     "RolloutFilter",
     "RolloutFilterReport",
+    "check_logprob_convention",
     "group_advantages",
     "grpo_loss",
     "load_rollouts",
     "prepare_rollouts",
+    "read_logprob_convention",
     "token_logprobs",
 ]

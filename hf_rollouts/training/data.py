@@ -16,6 +16,7 @@ from datasets import Dataset, DatasetDict, Features, List, Value
 from ..schema import ROLLOUT_FEATURES, require_columns
 from ..sources import load_dataset_source
 from .advantages import RolloutFilter, RolloutFilterReport, _drop_reasons, _report, group_advantages
+from .convention import read_logprob_convention
 
 PER_ROLLOUT_COLUMNS: tuple[str, ...] = tuple(ROLLOUT_FEATURES)
 """Columns holding one entry per rollout (outer length ``num_rollouts``)."""
@@ -52,6 +53,9 @@ class PreparedRollouts:
 
     dataset: Dataset
     report: RolloutFilterReport
+    logprob_convention: dict[str, Any] | None = None
+    """The stored log-probs' convention from the dataset card (see :mod:`.convention`); pass it to
+    :func:`~.loss.token_logprobs` so a mismatched recomputation is refused."""
 
 
 def _real_length(attention: Sequence[int], where: str) -> int:
@@ -180,7 +184,7 @@ def prepare_rollouts(
             fn_kwargs={"opts": opts},
             desc="filter rollouts",
         )
-    return PreparedRollouts(out, report)
+    return PreparedRollouts(out, report, read_logprob_convention(source))
 
 
 def load_rollouts(source: str | Path | Dataset | DatasetDict, **options: Any) -> Dataset:

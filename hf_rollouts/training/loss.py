@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import torch
 
+from .convention import check_logprob_convention
+
 
 def token_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     temperature: float = 1.0,
+    *,
+    convention: dict | None = None,
 ) -> torch.Tensor:
     """Per-position log-probabilities of the tokens in ``input_ids`` under ``model``.
 
@@ -19,9 +23,14 @@ def token_logprobs(
     (``attention_mask == 0``) hold 0. ``temperature == 0`` (greedy sampling)
     means unscaled logits, as in the agent. Differentiable; call it under
     ``torch.no_grad()`` for reference log-probs.
+
+    ``convention``: the stored log-probs' convention (``PreparedRollouts.logprob_convention``);
+    a ``temperature`` that does not match it raises ``ValueError``
+    (:func:`~.convention.check_logprob_convention`).
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}.")
+    check_logprob_convention(convention, temperature)
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     if temperature > 0:
         logits = logits / temperature

@@ -1,198 +1,81 @@
-"""An agent served over HTTP by any OpenAI-compatible ``/v1/chat/completions`` server.
+"""An agent served over HTTP by an OpenAI-compatible server (vLLM, SGLang, ``transformers serve``, ...).
 
-vLLM, SGLang, ``transformers serve``, TGI, llama.cpp's server and hosted APIs all
-speak this protocol; the server does the batching, so :meth:`OpenAIChatAgent.act_batch`
-simply sends the batch's requests concurrently (up to ``concurrency`` at once).
-Only the standard library is used (``urllib`` + a thread pool).
+The server does the batching, so :meth:`OpenAIChatAgent.act_batch` sends the batch's requests
+concurrently (up to ``concurrency`` at once, over pooled connections; see :mod:`.http`).
 
-**Token contract.** The server renders the chat itself, so token exactness
-depends on the server:
+**Modes** (negotiated once per agent by :mod:`.negotiation`; ``describe()`` and
+``fingerprint()`` record the outcome):
 
-* with ``request_token_ids`` (vLLM's ``"return_token_ids": true``) and
-  ``request_logprobs`` (``"logprobs": true``), the server returns the completion
-  ids it sampled (``choices[0].token_ids``) and their log-probabilities
-  (``choices[0].logprobs.content[*].logprob``); the agent returns them in the
-  :class:`~hf_rollouts.types.Action` and the environment stores them verbatim.
-  **These ids are only meaningful if the server's tokenizer is the env
-  tokenizer** (the one passed to ``generate_rollouts`` / the env). Pass that
-  tokenizer as ``tokenizer=`` and every answer is checked: ids must be inside
-  its vocabulary and decode to the returned text;
-* when the server also returns the prompt ids it conditioned on
-  (``prompt_token_ids``), they are compared with the env's
-  ``request.prompt_token_ids``. Multi-turn chats re-rendered by the server
-  often differ from the env's stored sequence (the server re-tokenizes earlier
-  answers from text), and then the sampled ids were conditioned on a context
-  that is not the stored one;
-* on any such mismatch, ``on_token_mismatch`` decides: ``"text"`` (default)
-  drops the ids and log-probabilities and returns the text only, ``"keep"``
-  keeps them, ``"error"`` raises (the episode is recorded as ``error``);
-* from the second turn on, ids are only trusted if the server also returns the prompt
-  ids it conditioned on (and they match); otherwise the turn falls back to text;
-* log-probabilities are stored as the server reports them. hf_rollouts' own convention
-  is ``log_softmax(logits / temperature)``; recent vLLM versions report raw (unscaled)
-  log-probabilities unless configured otherwise (see vLLM's ``logprobs_mode``), so at
-  temperature != 1 check that setting before training on the ratios;
-* a server that returns no ids (OpenAI's API, ``transformers serve``, TGI) gives
-  text only: ``Action(text, token_ids=None)``; the environment then tokenizes
-  the text once with the env tokenizer and the stored log-probabilities of those
-  tokens are NaN (``padded_logprobs`` null when no turn of the episode had any).
+* **tokens** (:mod:`.completions`), the default when the server supports it: the agent sends the
+  stored prompt ids to ``/v1/completions`` and stores the sampled ids and log-probs verbatim.
+  The server conditions on exactly the stored sequence on every turn, whatever its chat
+  template does; any answer that breaks the token contract is an error, never a text fallback.
+  Needs ``tokenizer`` (the env tokenizer, which must be the served model's).
+* **chat** (:mod:`.chat_mode`), for servers that only speak chat (hosted APIs, ``transformers
+  serve``): message text in; ids are kept only when the per-turn checks pass, else the text is
+  stored and re-tokenized once by the env (``sampled=0``).
 
-``stats`` counts requests, retries, failures, token-exact answers, text
-fallbacks and mismatches (thread-safe), so a run can report how much of it was
-token-exact.
+**Log-probs.** vLLM returns, by default, ``log_softmax`` of the *raw* logits (before
+temperature); hf_rollouts' convention is ``log_softmax(logits / T)``. ``logprobs_mode`` says
+which one the server returns (start vLLM with ``--logprobs-mode processed_logprobs`` and set
+``logprobs_mode="processed"``); :meth:`logprob_convention` reports it, the dataset card stores
+it and :mod:`hf_rollouts.training` refuses to mix conventions.
 
-**Failures.** Connection errors, timeouts, HTTP 5xx and 429 (and malformed
-JSON bodies) are retried ``max_retries`` times with exponential backoff
-(``backoff * 2**k`` seconds, at most ``max_backoff``; a 429's ``Retry-After``
-is honoured up to ``max_backoff``). Other 4xx answers are not retried. A request
-that still fails raises :class:`OpenAIRequestError` with the endpoint, the
-attempts and the last error: ``act_batch`` waits for the whole batch, then
-raises, and the runner records the batch's episodes as ``error`` (NaN reward,
-never scored).
+**Failures.** Transient errors are retried (:mod:`.http`); a request that fails for good, or an
+answer without usable content or ids, is returned as :class:`OpenAIRequestError` in its slot of
+``act_batch``, so only that episode is recorded as ``error``.
 
-**Seeds.** With ``seed`` set, every request carries its own seed, derived from
-``seed``, the value of the last :meth:`set_seed` (the pipeline sets one per map
-batch), the episode's ``session_id`` and the turn. Rollouts of one task thus
-sample differently, and a rerun sends the same seeds — whether the server
-honours per-request seeds is up to the server.
+**Seeds.** With ``seed`` set, every request carries its own seed, derived from ``seed``, the
+last :meth:`set_seed`, the episode's ``session_id`` and the turn: rollouts of one task sample
+differently, and a rerun sends the same seeds (whether the server honours them is up to it).
+
+``stats`` counts requests, attempts, retries, failures, token-exact answers, prompts the server
+echoed and that matched (``prompts_verified``), text fallbacks, token mismatches and probe requests.
 """
 
 from __future__ import annotations
 
-import http.client
-import ipaddress
-import json
 import os
-import re
 import threading
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, fields
 from typing import Any
 
 from ...seeding import derive_seed
 from ...types import Action, AgentRequest, Message
 from ..base import Agent
 from ..sampling import SamplingConfig
+from .chat_mode import chat_action, chat_body
+from .completions import completion_action, completion_body
+from .http import JSONClient
+from .negotiation import Capabilities, negotiate
+from .settings import OpenAIRequestError, OpenAISettings, chat_completions_url, completions_url, parse_openai_spec
 
-TOKEN_MISMATCH_POLICIES = ("text", "keep", "error")
-SPEC_PREFIX = "openai:"
-
-
-class OpenAIRequestError(RuntimeError):
-    """A chat-completions request that failed for good (after retries, or with a client error)."""
-
-
-@dataclass
-class OpenAISettings:
-    """Connection and sampling settings of an :class:`OpenAIChatAgent`."""
-
-    base_url: str = field(
-        default="http://127.0.0.1:8000/v1",
-        metadata={"help": "API root, e.g. http://127.0.0.1:8000/v1 ('/v1' is added if missing)."},
-    )
-    model: str = field(default="", metadata={"help": "Model name the server knows (the request's 'model')."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (0 = greedy)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
-    max_tokens: int = field(default=256, metadata={"help": "Token budget of one agent turn."})
-    seed: int | None = field(default=0, metadata={"help": "Base of the per-request seeds; None sends no seed."})
-    concurrency: int = field(default=16, metadata={"help": "Requests in flight at once."})
-    timeout: float = field(
-        default=60.0, metadata={"help": "Socket timeout per attempt, seconds (connect and each read)."}
-    )
-    max_retries: int = field(
-        default=3, metadata={"help": "Retries after the first attempt (connection errors, timeouts, 5xx, 429)."}
-    )
-    backoff: float = field(default=0.5, metadata={"help": "First retry delay, seconds; doubles each retry."})
-    max_backoff: float = field(default=8.0, metadata={"help": "Cap on one retry delay, seconds."})
-    request_logprobs: bool = field(default=True, metadata={"help": "Send 'logprobs': true."})
-    request_token_ids: bool = field(
-        default=True, metadata={"help": "Send 'return_token_ids': true (vLLM); False for servers that reject it."}
-    )
-    on_token_mismatch: str = field(
-        default="text", metadata={"help": "'text' (drop ids), 'keep' or 'error' when returned ids fail the checks."}
-    )
-    extra_body: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "Extra request fields (e.g. {'stop': [...], 'top_k': 20})."}
-    )
-    api_key_env: str = field(
-        default="OPENAI_API_KEY",
-        metadata={"help": "Environment variable holding the API key (sent as a Bearer token if set)."},
-    )
-
-    def __post_init__(self) -> None:
-        if not self.model:
-            raise ValueError("OpenAISettings.model is required: the model name the server serves.")
-        SamplingConfig(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_tokens)  # validates
-        if (
-            self.concurrency < 1
-            or self.timeout <= 0
-            or self.max_retries < 0
-            or self.backoff < 0
-            or self.max_backoff < 0
-        ):
-            raise ValueError("Need concurrency >= 1, timeout > 0, max_retries >= 0, backoff >= 0 and max_backoff >= 0.")
-        if self.on_token_mismatch not in TOKEN_MISMATCH_POLICIES:
-            raise ValueError(
-                f"on_token_mismatch must be one of {TOKEN_MISMATCH_POLICIES}, got {self.on_token_mismatch!r}."
-            )
-        if urllib.parse.urlsplit(self.base_url).scheme not in ("http", "https"):
-            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}.")
-
-
-def chat_completions_url(base_url: str) -> str:
-    """``.../v1/chat/completions`` for an API root given with or without ``/v1`` (or as the full endpoint)."""
-    url = base_url.rstrip("/")
-    if url.endswith("/chat/completions"):
-        return url
-    if not url.endswith("/v1"):
-        url += "/v1"
-    return url + "/chat/completions"
-
-
-def parse_openai_spec(spec: str) -> tuple[str, str]:
-    """``"openai:BASE_URL#MODEL"`` -> ``(BASE_URL, MODEL)`` (the CLI's ``--model`` form)."""
-    if not spec.startswith(SPEC_PREFIX) or "#" not in spec:
-        raise ValueError(
-            f"An OpenAI-compatible model spec looks like 'openai:http://127.0.0.1:8000/v1#MODEL_NAME', got {spec!r}."
-        )
-    base_url, _, model = spec[len(SPEC_PREFIX) :].rpartition("#")
-    if not base_url or not model:
-        raise ValueError(f"Spec {spec!r} needs both a base URL and a model name: 'openai:BASE_URL#MODEL'.")
-    return base_url, model
-
-
-def _is_loopback(url: str) -> bool:
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _int_list(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return list(value)
-    return None
-
-
-_TOKEN_ID_STRING = re.compile(r"^token_id:(\d+)$")
+STAT_KEYS = (
+    "requests",
+    "attempts",
+    "retries",
+    "failures",
+    "token_exact",
+    "prompts_verified",
+    "text_fallbacks",
+    "token_mismatches",
+    "probe_requests",
+)
+_SAMPLING_FIELDS = {f.name for f in fields(SamplingConfig)}
 
 
 class OpenAIChatAgent(Agent):
-    """Plays episodes through an OpenAI-compatible chat-completions endpoint (see the module docstring).
+    """Plays episodes through an OpenAI-compatible server (see the module docstring).
 
     Args:
-        settings: an :class:`OpenAISettings`, or give its fields as keyword arguments.
-        tokenizer: the env tokenizer, which must be the server model's tokenizer;
-            enables the id checks and is what ``generate_rollouts`` uses by default.
-        api_key: overrides the key read from ``settings.api_key_env``; never part
-            of :meth:`fingerprint` or :meth:`describe`.
+        settings: an :class:`OpenAISettings`; or give its fields as keyword arguments.
+        sampling: a :class:`~hf_rollouts.agents.sampling.SamplingConfig`; or give its fields
+            (``temperature``, ``top_p``, ``max_new_tokens``) as keyword arguments.
+        tokenizer: the env tokenizer, which must be the served model's tokenizer. Token mode
+            needs it (stop ids, vocabulary checks); chat mode uses it for the id checks.
+        api_key: overrides the key read from ``settings.api_key_env``; never part of
+            :meth:`fingerprint` or :meth:`describe`, never sent on a redirect (none is followed).
     """
 
     thread_safe = True  # answers may be requested from several threads at once (e.g. by a gamemaster)
@@ -201,51 +84,52 @@ class OpenAIChatAgent(Agent):
         self,
         settings: OpenAISettings | None = None,
         *,
+        sampling: SamplingConfig | None = None,
         tokenizer: Any = None,
         api_key: str | None = None,
         **kwargs: Any,
     ) -> None:
+        sampling_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _SAMPLING_FIELDS}
         if settings is not None and kwargs:
             raise TypeError("Pass either OpenAISettings or its fields as keyword arguments, not both.")
+        if sampling is not None and sampling_kwargs:
+            raise TypeError("Pass either a SamplingConfig or temperature/top_p/max_new_tokens, not both.")
         self.settings = settings or OpenAISettings(**kwargs)
+        self.sampling = sampling or SamplingConfig(**sampling_kwargs)
+        self.completions_endpoint = completions_url(self.settings.base_url)
         self.endpoint = chat_completions_url(self.settings.base_url)
         self.tokenizer = tokenizer
         self.name = self.settings.model
         self._api_key = api_key if api_key is not None else os.environ.get(self.settings.api_key_env) or None
         self._run_seed = self.settings.seed
+        self.capabilities: Capabilities | None = None
+        self.stats = dict.fromkeys(STAT_KEYS, 0)
         self._setup()
 
     def _setup(self) -> None:
         self._lock = threading.Lock()
+        self._negotiation_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        handlers = [urllib.request.ProxyHandler({})] if _is_loopback(self.endpoint) else []
-        self._opener = urllib.request.build_opener(*handlers)
-        if not hasattr(self, "stats"):
-            self.stats = {
-                k: 0
-                for k in (
-                    "requests",
-                    "attempts",
-                    "retries",
-                    "failures",
-                    "token_exact",
-                    "text_fallbacks",
-                    "token_mismatches",
-                )
-            }
+        self._client: JSONClient | None = None
 
     @classmethod
     def from_spec(
-        cls, spec: str, *, tokenizer: Any = None, api_key: str | None = None, **kwargs: Any
+        cls,
+        spec: str,
+        *,
+        sampling: SamplingConfig | None = None,
+        tokenizer: Any = None,
+        api_key: str | None = None,
+        **kwargs: Any,
     ) -> OpenAIChatAgent:
-        """Build from ``"openai:BASE_URL#MODEL"`` plus any other :class:`OpenAISettings` fields."""
+        """Build from ``"openai:BASE_URL#MODEL"`` plus other settings or sampling fields as keywords."""
         base_url, model = parse_openai_spec(spec)
-        return cls(OpenAISettings(base_url=base_url, model=model, **kwargs), tokenizer=tokenizer, api_key=api_key)
+        return cls(sampling=sampling, tokenizer=tokenizer, api_key=api_key, base_url=base_url, model=model, **kwargs)
 
     # -- pickling / lifetime -----------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_lock", "_pool", "_opener"):
+        for key in ("_lock", "_negotiation_lock", "_pool", "_client"):
             state.pop(key, None)
         return state
 
@@ -254,11 +138,14 @@ class OpenAIChatAgent(Agent):
         self._setup()
 
     def close(self) -> None:
-        """Stop the request threads (a later call starts new ones)."""
+        """Stop the request threads and close pooled connections (a later call opens new ones)."""
         with self._lock:
             pool, self._pool = self._pool, None
+            client, self._client = self._client, None
         if pool is not None:
             pool.shutdown(wait=True)
+        if client is not None:
+            client.close()
 
     def __enter__(self) -> OpenAIChatAgent:
         return self
@@ -274,9 +161,68 @@ class OpenAIChatAgent(Agent):
                 )
             return self._pool
 
+    def _http(self) -> JSONClient:
+        with self._lock:
+            if self._client is None:
+                self._client = JSONClient(self.settings, self._api_key, self._count)
+            return self._client
+
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
             self.stats[key] += n
+
+    # -- negotiation ---------------------------------------------------------------
+    def negotiate(self) -> Capabilities:
+        """The negotiated :class:`~.negotiation.Capabilities`, probing the server on the first call."""
+        with self._negotiation_lock:
+            if self.capabilities is None:
+                probe_sampling = SamplingConfig(
+                    temperature=self.sampling.temperature, top_p=self.sampling.top_p, max_new_tokens=1
+                )
+                seed = 0 if self.settings.seed is not None else None
+                hello = [{"role": "user", "content": "Hi"}]
+                token_probe = None
+                if self.tokenizer is not None:
+                    token_probe = completion_body(
+                        self.settings.model,
+                        self._render(hello),
+                        probe_sampling,
+                        seed=seed,
+                        stop_token_ids=self.stop_token_ids(),
+                        extra=self.settings.extra_body,
+                    )
+                self.capabilities = negotiate(
+                    self._http().post,
+                    self.settings,
+                    completions_url=self.completions_endpoint,
+                    chat_url=self.endpoint,
+                    token_probe=token_probe,
+                    chat_probe=chat_body(
+                        self.settings.model, hello, probe_sampling, seed=seed, extra=self.settings.extra_body
+                    ),
+                    count=self._count,
+                )
+            return self.capabilities
+
+    def stop_token_ids(self) -> list[int]:
+        """The end-of-turn ids sent as ``stop_token_ids`` in token mode (eos, and the template's closing token)."""
+        if self.tokenizer is None:
+            return []
+        from ...chat import ChatDelta, ChatTemplateError
+
+        try:
+            return list(ChatDelta(self.tokenizer).stop_token_ids)
+        except ChatTemplateError:
+            eos = self.tokenizer.eos_token_id
+            return list(eos) if isinstance(eos, list) else ([eos] if eos is not None else [])
+
+    def _render(self, messages: list[Message]) -> list[int]:
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        else:
+            text = "\n".join(m["content"] for m in messages)
+        return tok(text, add_special_tokens=False)["input_ids"]
 
     # -- Agent API -----------------------------------------------------------------
     def set_seed(self, seed: int) -> None:
@@ -289,13 +235,18 @@ class OpenAIChatAgent(Agent):
         return self._single(request)
 
     def act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any] | Exception]:
-        """One chat-completions request per entry, sent concurrently; answers in order.
+        """One request per entry, sent concurrently; answers in order.
 
         Waits for every request. A request that failed for good is returned as its
         :class:`OpenAIRequestError` in its slot, so only that episode records the error.
         """
         if not requests:
             return []
+        try:
+            self.negotiate()
+        except Exception as exc:
+            error = exc if isinstance(exc, OpenAIRequestError) else OpenAIRequestError(f"negotiation failed: {exc}")
+            return [error for _ in requests]
         pool = self._executor()
         futures = [pool.submit(self._answer, r) for r in requests]
         results: list[tuple[Action, Any] | Exception] = []
@@ -307,7 +258,7 @@ class OpenAIChatAgent(Agent):
                     exc
                     if isinstance(exc, OpenAIRequestError)
                     else OpenAIRequestError(
-                        f"chat-completions request for session {requests[i].session_id or i!r} failed: {exc}"
+                        f"request for session {requests[i].session_id or i!r} failed: {type(exc).__name__}: {exc}"
                     )
                 )
         return results
@@ -319,46 +270,67 @@ class OpenAIChatAgent(Agent):
 
         def answer() -> tuple[Action, Any]:
             try:
+                self.negotiate()
                 return self._answer(request), request.agent_state
             except OpenAIRequestError:
                 raise
             except Exception as exc:
                 raise OpenAIRequestError(
-                    f"chat-completions request for session {request.session_id!r} failed: {exc}"
+                    f"request for session {request.session_id!r} failed: {type(exc).__name__}: {exc}"
                 ) from exc
 
         return self._executor().submit(answer)
 
+    def logprob_convention(self) -> dict[str, Any] | None:
+        """What the stored log-probs are: ``log_softmax(logits / temperature)`` with this ``temperature``.
+
+        ``{"kind": "raw", "temperature": 1.0}`` for a server returning raw log-probs (vLLM's
+        default), ``{"kind": "processed", "temperature": T}`` after temperature (1.0 for greedy).
+        ``None`` before negotiation or when the server returns no log-probs.
+        """
+        caps = self.capabilities
+        if caps is None or not caps.returns_logprobs:
+            return None
+        if self.settings.logprobs_mode == "raw":
+            return {"kind": "raw", "temperature": 1.0}
+        t = self.sampling.temperature
+        return {"kind": "processed", "temperature": t if t > 0 else 1.0}
+
     def fingerprint(self) -> dict[str, Any]:
+        """Settings that change samples, plus the negotiated mode (probing the server if not done yet)."""
         s = self.settings
         return {
             **self._identity(),
             "base_url": s.base_url,
             "model": s.model,
             "sampling": self._sampling(),
-            "request_logprobs": s.request_logprobs,
-            "request_token_ids": s.request_token_ids,
+            "mode": s.mode,
             "on_token_mismatch": s.on_token_mismatch,
+            "logprobs_mode": s.logprobs_mode,
             "extra_body": s.extra_body,
+            "negotiated": self.negotiate().to_dict(),
         }
 
     def describe(self) -> dict[str, Any]:
+        """What the dataset card says; the negotiated mode once the server was probed."""
         s = self.settings
+        decided = s.mode == "tokens" or (s.mode == "chat" and None not in (s.request_token_ids, s.request_logprobs))
+        caps = self.negotiate() if decided else self.capabilities  # settings decide: no network needed
         return {
             "model": s.model,
-            "backend": "openai-chat-completions",
+            "backend": "openai-compatible server",
             "base_url": s.base_url,
+            "mode": caps.mode if caps else f"{s.mode} (not negotiated yet)",
+            "negotiated": caps.to_dict() if caps else None,
             "sampling": self._sampling(),
+            "logprob_convention": self.logprob_convention(),
             "concurrency": s.concurrency,
             "timeout": s.timeout,
             "max_retries": s.max_retries,
-            "request_token_ids": s.request_token_ids,
-            "request_logprobs": s.request_logprobs,
         }
 
     def _sampling(self) -> dict[str, Any]:
-        s = self.settings
-        return {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens, "seed": s.seed}
+        return {**asdict(self.sampling), "seed": self.settings.seed}
 
     # -- one request ----------------------------------------------------------------
     def request_seed(self, request: AgentRequest) -> int | None:
@@ -368,190 +340,59 @@ class OpenAIChatAgent(Agent):
         return derive_seed(self.settings.seed, self._run_seed, request.session_id, len(request.messages)) & 0x7FFFFFFF
 
     def request_body(self, request: AgentRequest) -> dict[str, Any]:
-        s = self.settings
-        body: dict[str, Any] = {
-            "model": s.model,
-            "messages": [{"role": m["role"], "content": m["content"]} for m in request.messages],
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "max_tokens": s.max_tokens,
-        }
-        seed = self.request_seed(request)
-        if seed is not None:
-            body["seed"] = seed
-        if s.request_logprobs:
-            body["logprobs"] = True
-        if s.request_token_ids:
-            body["return_token_ids"] = True
-        body.update(s.extra_body)
-        return body
+        """The body sent for ``request`` in the negotiated mode (chat before negotiation)."""
+        caps, s = self.capabilities, self.settings
+        if caps is not None and caps.mode == "tokens":
+            return completion_body(
+                s.model,
+                request.prompt_token_ids,
+                self.sampling,
+                seed=self.request_seed(request),
+                stop_token_ids=self.stop_token_ids(),
+                extra=s.extra_body,
+                caps=caps,
+            )
+        return chat_body(
+            s.model, request.messages, self.sampling, seed=self.request_seed(request), extra=s.extra_body, caps=caps
+        )
 
     def _answer(self, request: AgentRequest) -> Action:
         self._count("requests")
         try:
-            return self._parse(self._post(self.request_body(request)), request)
+            caps = self.negotiate()
+            if caps.mode == "tokens":
+                return self._answer_tokens(request, caps)
+            data = self._http().post(self.endpoint, self.request_body(request))
+            return chat_action(
+                data,
+                request,
+                tokenizer=self.tokenizer,
+                policy=self.settings.on_token_mismatch,
+                where=f"POST {self.endpoint}",
+                count=self._count,
+            )
         except Exception:
             self._count("failures")
             raise
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST ``body``; retry transient failures; return the decoded JSON object."""
-        s = self.settings
-        payload = json.dumps(body).encode("utf-8")
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        last_error, retry_after = "", None
-        attempts = s.max_retries + 1
-        for attempt in range(attempts):
-            if attempt:
-                delay = min(s.max_backoff, s.backoff * 2 ** (attempt - 1))
-                if retry_after is not None:
-                    delay = min(s.max_backoff, max(delay, retry_after))
-                self._count("retries")
-                time.sleep(delay)
-            retry_after = None
-            self._count("attempts")
-            request = urllib.request.Request(self.endpoint, data=payload, headers=headers, method="POST")
-            try:
-                with self._opener.open(request, timeout=s.timeout) as response:
-                    raw = response.read()
-            except urllib.error.HTTPError as exc:
-                detail = _error_detail(exc)
-                if exc.code == 429 or exc.code >= 500:
-                    last_error = f"HTTP {exc.code}: {detail}"
-                    retry_after = _retry_after(exc)
-                    continue
-                raise OpenAIRequestError(
-                    f"POST {self.endpoint} answered HTTP {exc.code} (a client error, not retried): "
-                    f"{detail}{self._hint(exc.code, detail)}"
-                ) from exc
-            except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-                reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-                last_error = f"{type(reason).__name__}: {reason}" if str(reason) else type(reason).__name__
-                continue
-            try:
-                data = json.loads(raw)
-            except ValueError as exc:
-                last_error = f"the response is not valid JSON ({exc}; {len(raw)} bytes, possibly cut off)"
-                continue
-            if not isinstance(data, dict):
-                last_error = f"the response is JSON {type(data).__name__}, not an object"
-                continue
-            return data
-        raise OpenAIRequestError(
-            f"POST {self.endpoint} (model {s.model!r}) failed after {attempts} attempt(s) "
-            f"({s.max_retries} retries, timeout {s.timeout}s each): {last_error}"
-        )
-
-    def _hint(self, code: int, detail: str) -> str:
-        if code in (400, 422) and ("return_token_ids" in detail or "logprobs" in detail):
-            return (
-                ". The server rejects a field hf_rollouts sends for token-exact rollouts (vLLM accepts them); "
-                "use request_token_ids=False and/or request_logprobs=False with this server (answers are then text "
-                "only)."
+    def _answer_tokens(self, request: AgentRequest, caps: Capabilities) -> Action:
+        if not request.prompt_token_ids:  # get_action: no stored sequence, render the messages once
+            if self.tokenizer is None:
+                raise OpenAIRequestError("token mode needs prompt ids or a tokenizer to render the messages.")
+            request = AgentRequest(
+                messages=request.messages,
+                prompt_token_ids=self._render(request.messages),
+                agent_state=request.agent_state,
+                session_id=request.session_id,
             )
-        if code == 404:
-            return f". Check base_url ({self.settings.base_url!r}) and model ({self.settings.model!r})."
-        if code in (401, 403):
-            return f". Set the API key in ${self.settings.api_key_env} (or pass api_key=)."
-        return ""
-
-    # -- parsing ------------------------------------------------------------------------
-    def _parse(self, data: dict[str, Any], request: AgentRequest) -> Action:
-        try:
-            choice = data["choices"][0]
-            message = choice.get("message") or {}
-        except (KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise OpenAIRequestError(
-                f"POST {self.endpoint}: malformed chat completion (no choices[0]): {str(data)[:300]}"
-            ) from exc
-        text = message.get("content") or ""
-        if not isinstance(text, str):
-            raise OpenAIRequestError(
-                f"POST {self.endpoint}: choices[0].message.content is {type(text).__name__}, not text."
-            )
-        stopped = choice.get("finish_reason") != "length"
-
-        content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
-        entries = content if isinstance(content, list) else []
-        ids = None
-        for key in ("token_ids", "response_token_ids", "output_token_ids", "completion_token_ids"):
-            ids = _int_list(choice.get(key)) or _int_list(message.get(key))
-            if ids is not None:
-                break
-        if ids is None and entries:  # vLLM's return_tokens_as_token_ids: tokens spelled "token_id:123"
-            found = [_TOKEN_ID_STRING.match(str(e.get("token", ""))) if isinstance(e, dict) else None for e in entries]
-            if all(found):
-                ids = [int(m.group(1)) for m in found]  # type: ignore[union-attr]
-        if not ids:
-            self._count("text_fallbacks")
-            return Action(text=text, stopped=stopped)
-
-        logprobs = None
-        if entries and len(entries) == len(ids):
-            try:
-                logprobs = [float(e["logprob"]) for e in entries]
-            except (KeyError, TypeError, ValueError):
-                logprobs = None
-        problem = self._check_ids(
-            ids, text, _int_list(data.get("prompt_token_ids")) or _int_list(choice.get("prompt_token_ids")), request
+        data = self._http().post(self.completions_endpoint, self.request_body(request))
+        action, checked = completion_action(
+            data, request, caps, tokenizer=self.tokenizer, where=f"POST {self.completions_endpoint}"
         )
-        if problem:
-            self._count("token_mismatches")
-            policy = self.settings.on_token_mismatch
-            if policy == "error":
-                raise OpenAIRequestError(f"token ids from {self.endpoint} fail the token contract: {problem}.")
-            if policy == "text":
-                self._count("text_fallbacks")
-                return Action(text=text, stopped=stopped)
         self._count("token_exact")
-        return Action(text=text, token_ids=ids, logprobs=logprobs, stopped=stopped)
-
-    def _check_ids(self, ids: list[int], text: str, prompt_ids: list[int] | None, request: AgentRequest) -> str | None:
-        if prompt_ids is None and any(m.get("role") == "assistant" for m in request.messages):
-            # the server re-rendered earlier answers from their text; without its prompt ids we
-            # cannot tell whether it conditioned on the stored sequence
-            return "the server returned no prompt ids, so the context of a later turn cannot be checked"
-        if prompt_ids is not None and request.prompt_token_ids and prompt_ids != list(request.prompt_token_ids):
-            at = next(
-                (i for i, (a, b) in enumerate(zip(prompt_ids, request.prompt_token_ids)) if a != b),
-                min(len(prompt_ids), len(request.prompt_token_ids)),
-            )
-            return (
-                f"the server conditioned on {len(prompt_ids)} prompt ids that differ from the env's "
-                f"{len(request.prompt_token_ids)} (first difference at position {at})"
-            )
-        tok = self.tokenizer
-        if tok is not None:
-            vocab = len(tok)
-            if any(i < 0 or i >= vocab for i in ids):
-                return f"completion ids outside the env tokenizer's vocabulary of {vocab} (different tokenizer?)"
-            decoded = tok.decode(ids, skip_special_tokens=True)
-            # whitespace clean-up may differ between detokenizers
-            if " ".join(decoded.split()) != " ".join(text.split()):
-                return (
-                    f"the ids decode to {decoded[:60]!r} with the env tokenizer, not the returned text {text[:60]!r} "
-                    "(different tokenizer?)"
-                )
-        return None
+        if checked:
+            self._count("prompts_verified")
+        return action
 
 
-def _error_detail(exc: urllib.error.HTTPError) -> str:
-    try:
-        body = exc.read().decode("utf-8", "replace")
-    except Exception:  # pragma: no cover - a body that cannot be read
-        body = ""
-    body = " ".join(body.split())
-    return (body[:500] + ("..." if len(body) > 500 else "")) or (exc.reason or "")
-
-
-def _retry_after(exc: urllib.error.HTTPError) -> float | None:
-    value = exc.headers.get("Retry-After") if exc.headers is not None else None
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
-
-
-__all__ = ["OpenAIChatAgent", "OpenAIRequestError", "OpenAISettings", "chat_completions_url", "parse_openai_spec"]
+__all__ = ["OpenAIChatAgent", "STAT_KEYS"]

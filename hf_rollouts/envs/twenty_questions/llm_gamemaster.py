@@ -129,6 +129,8 @@ def gamemaster_from_config(env_config: dict[str, Any], tokenizer: Any = None) ->
         )
     temperature = float(env_config.get("gamemaster_temperature", 0.0))
     max_tokens = int(env_config.get("gamemaster_max_tokens", 8))
+    from ...agents.sampling import SamplingConfig
+
     if spec.startswith("openai:"):
         from ...agents.openai import OpenAIChatAgent
 
@@ -137,14 +139,13 @@ def gamemaster_from_config(env_config: dict[str, Any], tokenizer: Any = None) ->
         agent: Agent = OpenAIChatAgent.from_spec(
             spec,
             api_key="",
-            temperature=temperature,
-            max_tokens=max_tokens,
+            sampling=SamplingConfig(temperature=temperature, max_new_tokens=max_tokens),
+            mode="chat",
             request_token_ids=False,
             request_logprobs=False,
         )
     else:
         from ...agents.loading import load_agent
-        from ...agents.sampling import SamplingConfig
 
         agent = load_agent(spec, SamplingConfig(temperature=temperature, max_new_tokens=max_tokens))
     return AgentGamemaster(agent, system_prompt=env_config.get("gamemaster_system_prompt") or DEFAULT_SYSTEM_PROMPT)

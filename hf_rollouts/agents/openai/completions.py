@@ -1,0 +1,86 @@
+"""Token mode: ``/v1/completions`` with the stored prompt ids, sampled ids and log-probs back.
+
+The request follows vLLM's ``CompletionRequest`` (``vllm/entrypoints/openai/completion/protocol.py``)::
+
+    {"model", "prompt": [ids], "max_tokens", "temperature", "top_p", "seed",
+     "logprobs": 0, "return_token_ids": true, "stop_token_ids": [end-of-turn ids]}
+
+``logprobs: 0`` asks for the sampled token's log-prob only; every sampling parameter is sent,
+because a server fills unset ones from the model's ``generation_config``. SGLang accepts the
+same fields. The server conditions on exactly ``prompt``, so no chat template can rewrite the
+history. The contract of each answer (all failures raise, never a text fallback):
+
+* ``choices[0].token_ids`` is a non-empty id list and is stored verbatim (vLLM and SGLang keep
+  the stop token as its last id);
+* ``choices[0].logprobs.token_logprobs`` has one number per id, stored verbatim (when the
+  negotiated capabilities say the server returns them);
+* ``prompt_token_ids``, when returned, equals the ids sent;
+* every id is inside the env tokenizer's vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...types import Action, AgentRequest
+from ..sampling import SamplingConfig
+from .negotiation import Capabilities
+from .parsing import parse_completion, prompt_difference, vocabulary_problem
+from .settings import OpenAIRequestError
+
+
+def completion_body(
+    model: str,
+    prompt_ids: list[int],
+    sampling: SamplingConfig,
+    *,
+    seed: int | None,
+    stop_token_ids: list[int],
+    extra: dict[str, Any],
+    caps: Capabilities | None = None,
+    max_tokens: int | None = None,
+) -> dict[str, Any]:
+    """The request body for ``prompt_ids`` (fields ``caps`` dropped are left out)."""
+    if not prompt_ids:
+        raise OpenAIRequestError("token mode needs the request's prompt_token_ids; this request has none.")
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": list(prompt_ids),
+        "max_tokens": max_tokens or sampling.max_new_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
+    if seed is not None:
+        body["seed"] = seed
+    if stop_token_ids:
+        body["stop_token_ids"] = list(stop_token_ids)
+    body.update(extra)
+    if caps is not None:
+        for name in caps.dropped:
+            body.pop(name, None)
+    return body
+
+
+def completion_action(
+    data: dict[str, Any], request: AgentRequest, caps: Capabilities, *, tokenizer: Any, where: str
+) -> tuple[Action, bool]:
+    """The :class:`Action` of one answer, checked (see the module docstring); ``(action, prompt_checked)``."""
+    answer = parse_completion(data, where, want_logprobs=caps.returns_logprobs)
+    ids = answer.token_ids or []
+    if answer.prompt_ids is not None:
+        problem = prompt_difference(answer.prompt_ids, request.prompt_token_ids)
+        if problem:
+            raise OpenAIRequestError(f"{where}: token contract broken: {problem}.")
+    problem = vocabulary_problem(ids, tokenizer)
+    if problem:
+        raise OpenAIRequestError(f"{where}: token contract broken: {problem}.")
+    text = answer.text
+    if text is None:
+        if tokenizer is None:
+            raise OpenAIRequestError(f"{where}: choices[0].text is missing and there is no tokenizer to decode ids.")
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+    return Action(text=text, token_ids=ids, logprobs=answer.logprobs, stopped=answer.stopped), (
+        answer.prompt_ids is not None
+    )
