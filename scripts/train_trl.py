@@ -39,7 +39,7 @@ class TrainConfig:
     model: str = field(default="tiny", metadata={"help": "'tiny' (the embedded model) or a model id/path."})
     num_generations: int = field(default=8, metadata={"help": "Episodes per task (the GRPO group size)."})
     tasks_per_step: int = field(default=4, metadata={"help": "Task groups per optimizer step."})
-    lr: float = field(default=1e-2, metadata={"help": "AdamW learning rate."})
+    lr: float = field(default=3e-2, metadata={"help": "AdamW learning rate (constant)."})
     low: int = field(default=3, metadata={"help": "GuessNumberEnv low."})
     high: int = field(default=3, metadata={"help": "GuessNumberEnv high (== low: a fixed answer to learn)."})
     max_turns: int = field(default=2, metadata={"help": "GuessNumberEnv max_turns."})
@@ -54,7 +54,7 @@ class TrainConfig:
 def build(cfg: TrainConfig):
     """``(trainer, rollout_func)`` for ``cfg``: the GRPOTrainer wired to hf_rollouts."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from hf_rollouts.envs.guess_number import GuessNumberEnv
@@ -73,6 +73,7 @@ def build(cfg: TrainConfig):
         output_dir=cfg.output_dir or tempfile.mkdtemp(prefix="train_trl_"),
         max_steps=cfg.max_steps,
         learning_rate=cfg.lr,
+        lr_scheduler_type="constant",
         num_generations=cfg.num_generations,
         per_device_train_batch_size=cfg.tasks_per_step * cfg.num_generations,
         temperature=cfg.temperature,
@@ -87,6 +88,7 @@ def build(cfg: TrainConfig):
         vllm_mode="server",
         vllm_server_base_url=cfg.vllm_server_base_url,
         dataloader_num_workers=0,
+        disable_tqdm=True,
     )
     rollout_func = make_rollout_func(max_new_tokens=cfg.max_new_tokens)
     trainer = GRPOTrainer(
@@ -97,6 +99,7 @@ def build(cfg: TrainConfig):
         reward_funcs=[env_reward],
         rollout_func=rollout_func,
     )
+    trainer.remove_callback(PrinterCallback)  # this script prints its own table
     return trainer, rollout_func
 
 
@@ -128,7 +131,7 @@ def train(cfg: TrainConfig) -> list[StepRow]:
                 StepRow(
                     step=int(h["step"]),
                     reward=h["reward"],
-                    reward_std=h.get("reward_std") or math.nan,
+                    reward_std=h.get("reward_std", math.nan),
                     frac_reward_zero_std=h.get("frac_reward_zero_std") or 0.0,
                     grad_norm=h.get("grad_norm") or 0.0,
                     agent_tokens=h.get("completions/mean_length") or 0.0,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import statistics
 import tempfile
 from types import SimpleNamespace
@@ -17,7 +18,9 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in trl 1.16
 trl = pytest.importorskip("trl")
+pytestmark = pytest.mark.filterwarnings("ignore:.*gradient_checkpointing.*:FutureWarning")
 
 from hf_rollouts.envs.base import MultistepEnv  # noqa: E402
 from hf_rollouts.integrations.trl import (  # noqa: E402
@@ -29,10 +32,10 @@ from hf_rollouts.integrations.trl import (  # noqa: E402
 from hf_rollouts.schema import TaskValidationError, to_task_dataset  # noqa: E402
 
 G = 8  # num_generations
-TASKS_PER_STEP = 4
-STEPS = 12
-MAX_NEW = 2
-TEMPERATURE = 1.0
+TASKS_PER_STEP = 2
+STEPS = 10
+MAX_NEW = 3
+TEMPERATURE = 0.8  # not 1: the stored log-probs must be log_softmax(logits / T), as TRL recomputes them
 LP_TOL = 2e-3
 
 
@@ -124,23 +127,19 @@ class Recorder:
         return out
 
 
-@pytest.fixture(scope="module")
-def run():
+def build_trainer(rollout_func, steps: int = STEPS):
+    """A GRPOTrainer for CPU on a fresh tiny model (never the session's shared `tiny`)."""
     from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from hf_rollouts.tiny_model import build_tiny_model
 
-    torch.manual_seed(0)
-    model, tok = build_tiny_model(seed=0)  # a fresh copy: training must not touch the session's `tiny`
-    initial = {k: v.clone() for k, v in model.state_dict().items()}
-    tasks = to_task_dataset(task_rows(TASKS_PER_STEP * STEPS))
-    rollout = make_rollout_func(max_new_tokens=MAX_NEW, allowed_env_modules=ALLOWED)
-    recorder = Recorder(rollout)
+    model, tok = build_tiny_model(seed=0)
+    tasks = to_task_dataset(task_rows(TASKS_PER_STEP * steps))
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="test_trl_"),
-        max_steps=STEPS,
-        learning_rate=1e-2,
+        max_steps=steps,
+        learning_rate=3e-2,
         lr_scheduler_type="constant",
         num_generations=G,
         per_device_train_batch_size=TASKS_PER_STEP * G,
@@ -161,9 +160,18 @@ def run():
         args=args,
         train_dataset=to_trl_dataset(tasks, allowed_env_modules=ALLOWED),
         reward_funcs=[env_reward],
-        rollout_func=recorder,
+        rollout_func=rollout_func,
     )
     trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def run():
+    rollout = make_rollout_func(max_new_tokens=MAX_NEW, allowed_env_modules=ALLOWED)
+    recorder = Recorder(rollout)
+    trainer = build_trainer(recorder)
+    initial = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     flushing = torch.set_flush_denormal(True)
     try:
         trainer.train()
@@ -171,7 +179,17 @@ def run():
         if flushing:
             torch.set_flush_denormal(False)
     logs = [h for h in trainer.state.log_history if "reward" in h]
-    return SimpleNamespace(trainer=trainer, rollout=rollout, calls=recorder.calls, logs=logs, initial=initial, tok=tok)
+    return SimpleNamespace(
+        trainer=trainer, rollout=rollout, calls=recorder.calls, logs=logs, initial=initial, tok=trainer.processing_class
+    )
+
+
+@pytest.fixture(scope="module")
+def direct():
+    """An untrained trainer and a rollout function, for calling the rollout function directly."""
+    rollout = make_rollout_func(max_new_tokens=MAX_NEW, allowed_env_modules=ALLOWED)
+    trainer = build_trainer(rollout, steps=1)
+    return SimpleNamespace(trainer=trainer, rollout=rollout, tok=trainer.processing_class)
 
 
 # --------------------------------------------------------------------------- the training run
@@ -265,12 +283,12 @@ def _prompts(rows: list[dict[str, Any]], repeat: int = 2) -> list[str]:
     return [p for p in ds["prompt"] for _ in range(repeat)]
 
 
-def test_errors_are_none_rewards_and_never_empty_completions(run):
+def test_errors_are_none_rewards_and_never_empty_completions(direct):
     rows = task_rows(1) + task_rows(1, fail="init") + task_rows(1, fail="step")
-    out = run.rollout(_prompts(rows), run.trainer)
+    out = direct.rollout(_prompts(rows), direct.trainer)
     assert out["env_status"] == ["done", "done", "error", "error", "error", "error"]
     assert "boom before the first turn" in out["env_error"][2] and "boom at the second turn" in out["env_error"][4]
-    pad = run.tok.pad_token_id
+    pad = direct.tok.pad_token_id
     # an episode that failed before any agent turn still gives TRL a non-empty, untrained completion
     assert out["completion_ids"][2] == [pad] and out["env_mask"][2] == [0] and out["prompt_ids"][2] == [pad]
     assert all(
@@ -282,14 +300,14 @@ def test_errors_are_none_rewards_and_never_empty_completions(run):
     assert all(math.isnan(r) for r in out["env_final_reward"][2:])
 
 
-def test_gradient_checkpointing_in_train_mode_still_samples_exactly_with_kv_reuse(run):
-    trainer = run.trainer
+def test_gradient_checkpointing_in_train_mode_still_samples_exactly_with_kv_reuse(direct):
+    trainer = direct.trainer
     model = trainer.model
     model.gradient_checkpointing_enable()
     model.train()
     try:
-        out = run.rollout(_prompts(task_rows(3), repeat=2), trainer)
-        agent = run.rollout.last_agent
+        out = direct.rollout(_prompts(task_rows(3), repeat=2), trainer)
+        agent = direct.rollout.last_agent
         assert agent.kv_reused_calls >= 1  # the second turn continued the kept cache (eval mode keeps it)
         assert model.training and model.is_gradient_checkpointing  # restored
     finally:
@@ -299,8 +317,8 @@ def test_gradient_checkpointing_in_train_mode_still_samples_exactly_with_kv_reus
         assert max(abs(a - b) for a, b, f in zip(lps, ref, m) if f) < LP_TOL
 
 
-def test_vllm_server_client_samples_the_turns(run):
-    tok = run.tok
+def test_vllm_server_client_samples_the_turns(direct):
+    tok = direct.tok
     answer = tok.encode("7", add_special_tokens=False) + [tok.eos_token_id]
 
     class FakeVLLMClient:  # the HTTP boundary: answers like trl's VLLMClient.generate
@@ -317,11 +335,11 @@ def test_vllm_server_client_samples_the_turns(run):
             }
 
     client = FakeVLLMClient()
-    trainer = run.trainer
+    trainer = direct.trainer
     trainer.args.use_vllm = True
     trainer.vllm_generation = SimpleNamespace(mode="server", vllm_client=client)
     try:
-        out = run.rollout(_prompts(task_rows(2)), trainer)
+        out = direct.rollout(_prompts(task_rows(2)), trainer)
     finally:
         trainer.args.use_vllm = False
         del trainer.vllm_generation
@@ -349,7 +367,7 @@ def test_to_trl_dataset_prompts_are_unique_and_map_back_to_the_row():
         assert json.loads(prompt)["hf_rollouts_task"] == i
 
 
-def test_untrusted_env_and_bad_rows_are_refused_early(run):
+def test_untrusted_env_and_bad_rows_are_refused_early(direct):
     with pytest.raises(TaskValidationError, match="outside the trusted modules"):
         to_trl_dataset(to_task_dataset(task_rows(1)))  # the test module was not allowed
     bad = to_task_dataset(
@@ -358,13 +376,13 @@ def test_untrusted_env_and_bad_rows_are_refused_early(run):
     with pytest.raises(TaskValidationError, match=r"row 1: field 'task_data'"):
         to_trl_dataset(bad)
     with pytest.raises(TaskValidationError, match="is not a task prompt"):
-        run.rollout(["What is 2+2?"] * 2, run.trainer)
+        direct.rollout(["What is 2+2?"] * 2, direct.trainer)
     strict = make_rollout_func(max_new_tokens=MAX_NEW)  # forged prompt naming an untrusted env
     with pytest.raises(TaskValidationError, match=r"prompt 0 \(task row 0\).*outside the trusted modules"):
-        strict(_prompts(task_rows(1)), run.trainer)
+        strict(_prompts(task_rows(1)), direct.trainer)
 
 
-def test_options_are_checked_and_time_limits_reach_env_config(run):
+def test_options_are_checked_and_time_limits_reach_env_config(direct):
     with pytest.raises(TypeError, match="unknown option"):
         make_rollout_func(max_new_token=3)
     with pytest.raises(ValueError, match="episode_timeout"):
@@ -372,6 +390,6 @@ def test_options_are_checked_and_time_limits_reach_env_config(run):
     timed = make_rollout_func(max_new_tokens=MAX_NEW, allowed_env_modules=ALLOWED, step_timeout=5.0, episode_timeout=9)
     rows = task_rows(1)
     rows[0]["env_config"] = {"episode_timeout": 30}  # a row's own limit wins
-    out = timed(_prompts(rows, repeat=1), run.trainer)
+    out = timed(_prompts(rows, repeat=1), direct.trainer)
     (env,) = {id(e): e for e in timed._envs.values()}.values()
     assert env.env_config == {"step_timeout": 5.0, "episode_timeout": 30} and out["env_status"] == ["done"]

@@ -155,7 +155,30 @@ class TRLSampling:
         )
 
 
-class TrainerPolicyAgent(Agent):
+class _TokenAgent(Agent):
+    """Shared by the two samplers: token-level requests only, answers cut after the first stop id."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, sampling: TRLSampling) -> None:
+        self.tokenizer, self.sampling = tokenizer, sampling
+        self.stop_ids = list(ChatDelta(tokenizer).stop_token_ids)
+
+    def get_action(self, messages, agent_state=None):  # pragma: no cover - the engine always calls act
+        raise NotImplementedError(f"{type(self).__name__} answers token-level requests only (act / act_batch).")
+
+    def act(self, request: AgentRequest) -> tuple[Action, Any]:
+        return self._single(request)
+
+    def _stop_len(self, ids: list[int]) -> int:
+        return next((i + 1 for i, t in enumerate(ids) if t in self.stop_ids), len(ids))
+
+    def _action(self, ids: list[int], logprobs: list[float]) -> Action:
+        n = self._stop_len(ids)
+        ids, logprobs = ids[:n], logprobs[:n]
+        stopped = n > 0 and ids[-1] in self.stop_ids
+        return Action(self.tokenizer.decode(ids, skip_special_tokens=True), ids, logprobs, stopped)
+
+
+class TrainerPolicyAgent(_TokenAgent):
     """Samples agent turns with a live (training) model, token-in/token-out.
 
     Unlike :class:`~hf_rollouts.agents.hf.TransformersAgent` it never touches the model: no
@@ -166,8 +189,8 @@ class TrainerPolicyAgent(Agent):
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sampling: TRLSampling) -> None:
-        self.model, self.tokenizer, self.sampling = model, tokenizer, sampling
-        self.stop_ids = list(ChatDelta(tokenizer).stop_token_ids)
+        super().__init__(tokenizer, sampling)
+        self.model = model
         self.reuse_kv = not model.training and kv_reuse_unsafe_reason(model) is None
         self._kv: KVState | None = None
         self.kv_reused_calls = 0
@@ -198,12 +221,6 @@ class TrainerPolicyAgent(Agent):
         if leftover:
             logger.warning("the model's generation_config sets %s, which also shape sampling in rollouts.", leftover)
 
-    def get_action(self, messages, agent_state=None):  # pragma: no cover - the engine always calls act
-        raise NotImplementedError("TrainerPolicyAgent answers token-level requests only (act / act_batch).")
-
-    def act(self, request: AgentRequest) -> tuple[Action, Any]:
-        return self._single(request)
-
     def episodes_done(self) -> None:
         self._kv = None
 
@@ -225,25 +242,13 @@ class TrainerPolicyAgent(Agent):
             )
         return [(self._action(ids, lps), r.agent_state) for r, (ids, lps) in zip(requests, sampled)]
 
-    def _stop_len(self, ids: list[int]) -> int:
-        return next((i + 1 for i, t in enumerate(ids) if t in self.stop_ids), len(ids))
 
-    def _action(self, ids: list[int], logprobs: list[float]) -> Action:
-        n = self._stop_len(ids)
-        ids, logprobs = ids[:n], logprobs[:n]
-        stopped = n > 0 and ids[-1] in self.stop_ids
-        return Action(self.tokenizer.decode(ids, skip_special_tokens=True), ids, logprobs, stopped)
-
-
-class VLLMServerAgent(TrainerPolicyAgent):
+class VLLMServerAgent(_TokenAgent):
     """Samples agent turns with TRL's vLLM server client (``VLLMClient.generate`` on token ids)."""
 
     def __init__(self, client: Any, tokenizer: PreTrainedTokenizerBase, sampling: TRLSampling) -> None:
-        self.client, self.tokenizer, self.sampling = client, tokenizer, sampling
-        self.stop_ids = list(ChatDelta(tokenizer).stop_token_ids)
-
-    def episodes_done(self) -> None:
-        pass
+        super().__init__(tokenizer, sampling)
+        self.client = client
 
     def act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any] | Exception]:
         s = self.sampling
