@@ -7,6 +7,7 @@ the tests below read that record, then call the rollout function directly for ed
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import os
@@ -213,26 +214,25 @@ def test_one_row_per_prompt_and_prompts_arrive_repeated(run):
 
 def test_env_mask_marks_exactly_the_agent_turns(run):
     tok = run.tok
+    eos = tok.eos_token_id
     for call in (run.calls[0], run.calls[-1]):
         out = call["out"]
         for i, (p, c, m) in enumerate(zip(out["prompt_ids"], out["completion_ids"], out["env_mask"])):
             actions, _ = TwoTurnDigitsEnv.seen[out["env_session_id"][i]]
-            runs, cur, env_text = [], [], []
-            for tid, flag in zip(c, m):
-                if flag:
-                    cur.append(tid)
-                else:
-                    if cur:
-                        runs.append(cur)
-                        cur = []
-                    env_text.append(tid)
-            if cur:
-                runs.append(cur)
-            # one run of model tokens per action the env received, decoding to exactly that action
-            assert [tok.decode(r, skip_special_tokens=True) for r in runs] == actions
-            assert "Another number." in tok.decode(env_text)  # the env's second message is masked out
-            assert "Say a number." in tok.decode(p) and m[0] == 1  # the first prompt ends where the agent starts
+            segments = [(flag, [t for t, _ in grp]) for flag, grp in itertools.groupby(zip(c, m), key=lambda x: x[1])]
+            agent = [ids for flag, ids in segments if flag]
+            env = [ids for flag, ids in segments if not flag]
+            # the completion alternates: answer, env message, answer (two turns, the episode ends on the agent)
+            assert [flag for flag, _ in segments] == [1, 0, 1]
+            # each run of model tokens decodes to exactly the action the env received
+            assert [tok.decode(ids, skip_special_tokens=True) for ids in agent] == actions
+            # the boundary is exact: the env's text starts with what closes the turn, nothing the model sampled
+            closing = "\n<|user|>" if agent[0][-1] == eos else "<|end|>\n<|user|>"
+            assert tok.decode(env[0]).startswith(closing) and tok.decode(env[0]).endswith("<|assistant|>\n")
+            assert "Another number." in tok.decode(env[0])
+            assert tok.decode(p).endswith("Say a number.<|end|>\n<|assistant|>\n")  # the agent starts right after
             assert all(lp == 0.0 for lp, flag in zip(out["logprobs"][i], m) if not flag)
+            assert all(lp < 0.0 for lp, flag in zip(out["logprobs"][i], m) if flag)
 
 
 def test_logprobs_match_teacher_forced_pass_before_and_after_updates(run):
