@@ -39,7 +39,7 @@ class TrainConfig:
     model: str = field(default="tiny", metadata={"help": "'tiny' (the embedded model) or a model id/path."})
     num_generations: int = field(default=8, metadata={"help": "Episodes per task (the GRPO group size)."})
     tasks_per_step: int = field(default=4, metadata={"help": "Task groups per optimizer step."})
-    lr: float = field(default=3e-2, metadata={"help": "AdamW learning rate (constant)."})
+    lr: float = field(default=3e-2, metadata={"help": "AdamW learning rate, constant (3e-2 suits the tiny model)."})
     low: int = field(default=3, metadata={"help": "GuessNumberEnv low."})
     high: int = field(default=3, metadata={"help": "GuessNumberEnv high (== low: a fixed answer to learn)."})
     max_turns: int = field(default=2, metadata={"help": "GuessNumberEnv max_turns."})
@@ -168,8 +168,16 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import importlib.util
+    import warnings
+
     import datasets
     import transformers
+
+    if importlib.util.find_spec("trl") is None:
+        print("This script needs TRL: pip install 'hf_rollouts[trl]'  (trl>=1.16,<2)")
+        return 1
+    warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*", category=FutureWarning)
 
     datasets.disable_progress_bars()
     transformers.utils.logging.set_verbosity_error()
