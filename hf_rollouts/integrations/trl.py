@@ -368,7 +368,8 @@ class RolloutFunc:
         self.last_episodes = episodes
         pad = tokenizer.pad_token_id
         rows = [{**episode_to_trl_row(ep, pad), "env_session_id": job.session_id} for ep, job in zip(episodes, jobs)]
-        return {key: [r[key] for r in rows] for key in rows[0]} if rows else {}
+        keys = ("prompt_ids", "completion_ids", "logprobs", "env_mask", *EXTRA_FIELDS)
+        return {key: [r[key] for r in rows] for key in keys}
 
     @property
     def _run_kw(self) -> dict[str, Any]:
