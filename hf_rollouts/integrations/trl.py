@@ -77,7 +77,7 @@ from ..agents.hf.kv_cache import KVState, kv_reuse_unsafe_reason, reusable_rows
 from ..chat import ChatDelta
 from ..envs.base import MultistepEnv
 from ..envs.registry import validate_tasks
-from ..rollout import EpisodeJob, run_episodes
+from ..rollout import episode_jobs, run_episodes
 from ..schema import TASK_COLUMNS, TaskValidationError, to_task_dataset
 from ..types import Action, AgentRequest
 
@@ -357,7 +357,7 @@ class RolloutFunc:
         for i, prompt in enumerate(prompts):  # one episode per entry: TRL already repeated each prompt G times
             row, task = task_from_prompt(prompt, f"prompt {i}")
             env = self._env(tokenizer, task, f"prompt {i} (task row {row})")
-            jobs.append(EpisodeJob(env, task["task_data"], f"trl-call{self.calls}/prompt{i}", i))
+            jobs += episode_jobs(env, [task["task_data"]], 1, prefix=f"trl-call{self.calls}/prompt{i}/", start=i)
         if getattr(trainer.args, "use_vllm", False):
             self.last_agent = VLLMServerAgent(_vllm_client(trainer), tokenizer, sampling)
             episodes = run_episodes(jobs, self.last_agent, **self._run_kw)
