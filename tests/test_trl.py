@@ -382,14 +382,17 @@ def test_untrusted_env_and_bad_rows_are_refused_early(direct):
         strict(_prompts(task_rows(1)), direct.trainer)
 
 
-def test_options_are_checked_and_time_limits_reach_env_config(direct):
+def test_options_are_checked_and_time_limits_reach_the_engine(direct):
     with pytest.raises(TypeError, match="unknown option"):
         make_rollout_func(max_new_token=3)
     with pytest.raises(ValueError, match="episode_timeout"):
         make_rollout_func(episode_timeout=0)
     timed = make_rollout_func(max_new_tokens=MAX_NEW, allowed_env_modules=ALLOWED, step_timeout=5.0, episode_timeout=9)
+    assert timed._run_kw["step_timeout"] == 5.0 and timed._run_kw["episode_timeout"] == 9
+    out = timed(_prompts(task_rows(1), repeat=1), direct.trainer)
+    assert out["env_status"] == ["done"]
     rows = task_rows(1)
-    rows[0]["env_config"] = {"episode_timeout": 30}  # a row's own limit wins
+    rows[0]["env_config"] = {**rows[0]["env_config"], "episode_timeout": 1e-6}  # a row's own limit wins
     out = timed(_prompts(rows, repeat=1), direct.trainer)
-    (env,) = {id(e): e for e in timed._envs.values()}.values()
-    assert env.env_config == {"step_timeout": 5.0, "episode_timeout": 30} and out["env_status"] == ["done"]
+    assert out["env_status"] == ["error"] and "episode_timeout" in out["env_error"][0]
+    assert env_reward(prompts=None, completions=None, **out) == [None]

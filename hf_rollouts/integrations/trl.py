@@ -59,7 +59,6 @@ with ``--logprobs-mode processed_logprobs`` so the returned log-probabilities us
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import logging
 import math
@@ -343,11 +342,6 @@ class RolloutFunc:
         self.last_episodes: list[dict[str, Any]] = []
         self.last_agent: Agent | None = None
         self._envs: dict[tuple[int, str, str], MultistepEnv] = {}
-        params = inspect.signature(run_episodes).parameters
-        self._engine_limits = {
-            k: getattr(options, k) for k in ("step_timeout", "episode_timeout") if getattr(options, k) is not None
-        }
-        self._engine_kwargs = {k: v for k, v in self._engine_limits.items() if k in params}
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         self.calls += 1
@@ -373,10 +367,16 @@ class RolloutFunc:
 
     @property
     def _run_kw(self) -> dict[str, Any]:
-        return {"max_concurrency": self.options.max_concurrency, "on_error": "record", **self._engine_kwargs}
+        o = self.options
+        return {
+            "max_concurrency": o.max_concurrency,
+            "on_error": "record",
+            "step_timeout": o.step_timeout,  # env_config's own limits win (see hf_rollouts.rollout.scheduler)
+            "episode_timeout": o.episode_timeout,
+        }
 
     def _env(self, tokenizer: PreTrainedTokenizerBase, task: dict[str, Any], where: str) -> MultistepEnv:
-        config = {**self._engine_limits, **task["env_config"]}  # the row's own limits win
+        config = task["env_config"]
         key = (id(tokenizer), task["env_class_path"], json.dumps(config, sort_keys=True, default=str))
         if key not in self._envs:
             try:
@@ -436,10 +436,8 @@ def make_rollout_func(**options: Any) -> RolloutFunc:
     """A ``rollout_func(prompts, trainer)`` for ``GRPOTrainer``; options are :class:`TRLRolloutOptions`.
 
     Sampling (temperature, top_p, top_k, min_p, repetition_penalty) comes from ``trainer.args``.
-    Time limits (``step_timeout``, ``episode_timeout``) become defaults of every env's
-    ``env_config`` (where the rollout engine reads them) and are also passed to
-    :func:`~hf_rollouts.rollout.run_episodes` when it accepts them; a rollout engine without time
-    limits leaves them unenforced (see README, "Training with TRL").
+    Time limits (``step_timeout``, ``episode_timeout``) are the engine's defaults: a row's own
+    ``env_config`` limits win (see :mod:`hf_rollouts.rollout.scheduler`).
     """
     known = {f.name for f in fields(TRLRolloutOptions)}
     unknown = sorted(set(options) - known)
