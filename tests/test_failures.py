@@ -78,6 +78,20 @@ def test_episode_check_enforces_error_iff_nan_and_finite_rewards_otherwise():
         Episode(**{**base, "error": "boom"}, final_reward=0.0, status="error").check()
 
 
+class Bypass(GuessNumberEnv):
+    """Overrides the engine door and fakes a success with a NaN reward."""
+
+    def _run_complete_episode(self, session_id, agent, task_data, **kw):
+        ep = super()._run_complete_episode(session_id, agent, task_data, **kw)
+        return {**ep, "final_reward": math.nan}
+
+
+def test_the_pipeline_refuses_episodes_that_break_the_rule(tokenizer, tmp_path):
+    rows = [{"env_class_path": f"{__name__}.Bypass", "env_config": {}, "task_data": {"target": 5}}]
+    with pytest.raises(RuntimeError, match="reward rule"):
+        run(to_task_dataset(rows), ScriptedAgent(["5"]), tokenizer, tmp_path, allowed_env_modules=[__name__])
+
+
 # -- 1. agent token ids ----------------------------------------------------------------------
 @pytest.mark.parametrize("bad_id", [-1, "vocab", 2**31])
 def test_token_ids_outside_the_vocabulary_make_an_error_episode(tokenizer, tmp_path, bad_id):
@@ -172,6 +186,17 @@ def test_unknown_config_keys_are_warned_about_by_name(tokenizer):
         validate_tasks(
             to_task_dataset([{"env_class_path": GUESS, "env_config": c, "task_data": {}} for c in ({}, {"hihg": 5})])
         )
+
+
+def test_the_config_declaration_gives_defaults_and_descriptions(tokenizer):
+    import numpy as np
+
+    rows = {r["key"]: r for r in GuessNumberEnv.config_class.describe()}
+    assert {"max_turns", "max_episode_tokens", "reward_placement", "system_prompt", "seed", "low", "high"} <= set(rows)
+    assert rows["high"]["default"] == "10" and rows["high"]["type"] == "int" and rows["high"]["help"]
+    assert rows["reward_placement"]["type"] == "one of ['last', 'spread']"
+    env = GuessNumberEnv(tokenizer, {"high": np.int64(4)})  # lossless: a numpy integer is an integer
+    assert (env.low, env.high, env.max_turns) == (1, 4, 3) and type(env.high) is int
 
 
 # -- 5. prompt type ---------------------------------------------------------------------------

@@ -67,6 +67,8 @@ class MultistepEnv(ABC):
       :data:`hf_rollouts.rollout.REWARD_PLACEMENTS`.
     * ``system_prompt`` (str | None): overrides :meth:`_system_prompt`.
     * ``seed`` (int): seeds task generation (:meth:`get_train_dataset`).
+    * ``step_timeout`` / ``episode_timeout`` (float >= 0 | None): override the run's time limits
+      (read by the scheduler).
     """
 
     name: ClassVar[str] = ""

@@ -21,6 +21,7 @@ Errors are :class:`EnvConfigError` with the offending key in ``.key``, so
 from __future__ import annotations
 
 import math
+import numbers
 import types
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
@@ -76,9 +77,9 @@ def _conforms(value: Any, tp: Any) -> bool:
     if tp is bool:
         return isinstance(value, bool)
     if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
     if origin is list:
         (item,) = get_args(tp) or (Any,)
         return isinstance(value, list) and all(_conforms(v, item) for v in value)
@@ -116,6 +117,12 @@ class EnvConfig:
     )
     system_prompt: str | None = option(None, "System message opening every episode (overrides the env's own).")
     seed: int = option(0, "Seeds task generation (get_train_dataset / get_eval_dataset).")
+    step_timeout: float | None = option(
+        None, "Seconds one env hook call may take (overrides the run's step_timeout; 0: no limit).", ge=0
+    )
+    episode_timeout: float | None = option(
+        None, "Seconds one whole episode may take (overrides the run's episode_timeout; 0: no limit).", ge=0
+    )
 
     extra_keys_allowed: ClassVar[bool] = False
     """True when the environment passes undeclared keys on (no unknown-key warning)."""
@@ -131,9 +138,11 @@ class EnvConfig:
                     + (" (give a whole number, not a float or a string)" if int in _args(tp) else "")
                     + ".",
                 )
+            if isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value) not in (int, float):
+                value = int(value) if isinstance(value, numbers.Integral) else float(value)  # numpy scalars
             if _expects_float(tp) and isinstance(value, int):
-                value = float(value)
-                object.__setattr__(self, f.name, value)
+                value = float(value)  # exact: an int where a float is expected
+            object.__setattr__(self, f.name, value)
             if isinstance(value, float) and not math.isfinite(value):
                 raise EnvConfigError(f.name, f"env_config[{f.name!r}] must be finite, got {value}.")
             self._check_range(f.name, value, f.metadata)
