@@ -40,7 +40,11 @@ class TwentyQuestionsConfig(EnvConfig):
     win_reward: float = option(1.0, "Step reward of the correct guess.")
     question_reward: float = option(0.0, "Step reward of every other turn (e.g. -0.01 to favour short games).")
     wrong_guess_reward: float = option(0.0, "Step reward of a wrong guess.")
-    gamemaster: str = option("knowledge_base", "Who answers questions.", choices=GAMEMASTERS)
+    gamemaster: str = option(
+        "knowledge_base",
+        "Who answers questions (or pass a `gamemaster=` object to the constructor).",
+        choices=GAMEMASTERS,
+    )
     gamemaster_model: str | None = option(
         None, "With gamemaster 'agent': 'openai:URL#MODEL', 'tiny', a hub id or path (must be allowed)."
     )
