@@ -19,7 +19,7 @@ always samples afresh. A run killed part-way keeps its finished shards (a shard
 file is written under a temporary name and moved into place only when complete);
 starting it again redoes only the rest.
 
-Shard files say what they are: their Arrow schema metadata (key ``hf_rollouts``)
+Shard files say what they are (:mod:`hf_rollouts.shard_cache`): their Arrow schema metadata
 holds the run fingerprint, the shard index and the task row range. A file is reused
 only when that metadata, its row count and its data all check out; otherwise it is
 redone (with a warning naming it). When the final read finds a shard that does not
@@ -41,7 +41,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -63,14 +62,8 @@ from .envs.registry import validate_tasks
 from .rollout import episode_jobs, pad_task, run_episodes
 from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TASK_FEATURES, TaskValidationError
 from .seeding import derive_seed
+from .shard_cache import ShardCacheError, ShardFile
 from .types import reward_rule_violation
-
-SHARD_METADATA_KEY = b"hf_rollouts"
-"""Arrow schema metadata key of a shard file: JSON ``{fingerprint, shard, num_shards, rows: [start, stop]}``."""
-
-
-class ShardCacheError(RuntimeError):
-    """A shard cache file is unreadable or is not the shard it is named as."""
 
 
 def default_rollout_cache_dir() -> Path:
@@ -324,7 +317,9 @@ def generate_rollouts(
     cache.mkdir(parents=True, exist_ok=True)
     num_shards = max(1, math.ceil(len(tasks) / opts.shard_size))
     shards = [
-        _Shard(cache / f"{fingerprint}-shard{i:05d}-of{num_shards:05d}.arrow", fingerprint, i, num_shards, start, stop)
+        ShardFile(
+            cache / f"{fingerprint}-shard{i:05d}-of{num_shards:05d}.arrow", fingerprint, i, num_shards, start, stop
+        )
         for i in range(num_shards)
         for start, stop in [(i * opts.shard_size, min(len(tasks), (i + 1) * opts.shard_size))]
     ]
@@ -347,86 +342,8 @@ def generate_rollouts(
     return concatenate_datasets(parts) if len(parts) > 1 else parts[0]
 
 
-@dataclass(frozen=True)
-class _Shard:
-    """One shard cache file: tasks ``[start, stop)`` of the run ``fingerprint``."""
-
-    path: Path
-    fingerprint: str
-    index: int
-    num_shards: int
-    start: int
-    stop: int
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return {
-            "fingerprint": self.fingerprint,
-            "shard": self.index,
-            "num_shards": self.num_shards,
-            "rows": [self.start, self.stop],
-        }
-
-    def problem(self) -> str | None:
-        """Why the file cannot be reused as this shard (``None``: it can)."""
-        import pyarrow as pa
-
-        try:
-            with pa.memory_map(str(self.path)) as source:
-                reader = pa.ipc.open_stream(source)
-                raw = (reader.schema.metadata or {}).get(SHARD_METADATA_KEY)
-                num_rows = sum(batch.num_rows for batch in reader)  # reads to the end: a truncated file fails here
-        except (OSError, pa.ArrowException) as exc:
-            return f"it cannot be read as an Arrow stream ({type(exc).__name__}: {exc}); it is truncated or corrupt"
-        if raw is None:
-            return "it carries no hf_rollouts shard metadata (it was not written by this version of hf_rollouts)"
-        try:
-            found = json.loads(raw)
-        except ValueError:
-            return "its hf_rollouts shard metadata is not JSON"
-        if found != self.metadata:
-            return f"it holds {found}, not {self.metadata}"
-        if num_rows != self.stop - self.start:
-            return f"it has {num_rows} rows, not the {self.stop - self.start} of task rows [{self.start}, {self.stop})"
-        return None
-
-    def reusable(self) -> bool:
-        """True when the file exists and checks out; a file that does not is reported, then redone."""
-        if not self.path.is_file():
-            return False
-        problem = self.problem()
-        if problem:
-            warnings.warn(f"Shard cache file {self.path} is not reusable: {problem}. Redoing it.", stacklevel=3)
-        return problem is None
-
-    def write(self, ds: Dataset) -> None:
-        """Write ``ds`` with this shard's metadata, atomically (temporary file, then rename)."""
-        import pyarrow as pa
-
-        table = ds.with_format("arrow")[:]
-        schema = table.schema.with_metadata(
-            {**(ds.features.arrow_schema.metadata or {}), SHARD_METADATA_KEY: json.dumps(self.metadata).encode()}
-        )
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        try:
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-                writer.write_table(table.replace_schema_metadata(schema.metadata))
-            os.replace(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    def load(self) -> Dataset:
-        problem = self.problem() if self.path.is_file() else "it does not exist"
-        if problem:
-            raise ShardCacheError(
-                f"Shard cache file {self.path} (shard {self.index} of {self.num_shards}, task rows "
-                f"[{self.start}, {self.stop})) is unusable: {problem}. Delete it and run again to redo that shard."
-            )
-        return Dataset.from_file(str(self.path))
-
-
 def _expand_shard(
-    tasks: Dataset, shard: _Shard, envs: _EnvCache, agent: Agent, opts: RolloutOptions, bar: tqdm
+    tasks: Dataset, shard: ShardFile, envs: _EnvCache, agent: Agent, opts: RolloutOptions, bar: tqdm
 ) -> Dataset:
     rows = tasks.select(range(shard.start, shard.stop))
     features = Features({**rows.features, **ROLLOUT_FEATURES})

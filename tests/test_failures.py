@@ -284,14 +284,14 @@ def test_a_truncated_shard_is_named_and_redone(tokenizer, tmp_path):
 
 
 def test_a_shard_that_breaks_after_generation_is_a_clear_error_naming_it(tokenizer, tmp_path):
-    from hf_rollouts import pipeline
+    from hf_rollouts import shard_cache
 
     run(guess_tasks([3, 5]), ScriptedAgent(["1"]), tokenizer, tmp_path)
     (path,) = (tmp_path / "cache").glob("*-shard*.arrow")
     data = path.read_bytes()
     path.unlink()
     path.write_bytes(data[:100])
-    shard = pipeline._Shard(path, path.name.split("-shard")[0], 0, 1, 0, 2)
+    shard = shard_cache.ShardFile(path, path.name.split("-shard")[0], 0, 1, 0, 2)
     with pytest.raises(RuntimeError, match=rf"{path}.*(truncated|corrupt)"):
         shard.load()
 
