@@ -43,6 +43,13 @@ class TasksArgs:
     )
     num_tasks: int | None = field(default=None, metadata={"help": "Number of tasks (default: all of the split)."})
     env_config: str | None = field(default=None, metadata={"help": "JSON env_config, e.g. '{\"max_turns\": 6}'."})
+    allow_env_module: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Module prefix(es) outside hf_rollouts.envs whose env classes may be imported (runs code)."},
+    )
+    overwrite: bool = field(
+        default=False, metadata={"help": "Replace an earlier task dataset in --output (otherwise it must be empty)."}
+    )
 
 
 @dataclass
@@ -124,6 +131,13 @@ class GenerateArgs:
     trust_remote_code: bool = field(
         default=False, metadata={"help": "Allow model code from the Hub (transformers' trust_remote_code)."}
     )
+    overwrite: bool = field(
+        default=False,
+        metadata={
+            "help": "Replace an earlier hf-rollouts output in --output (otherwise it must be new or empty; files "
+            "hf-rollouts did not write are never deleted)."
+        },
+    )
 
 
 @dataclass
@@ -135,7 +149,19 @@ class InspectArgs:
     )
 
 
-def _make_tasks(env: str, split: str, num_tasks: int | None, env_config: str | None):
+def _check_output(output: str, overwrite: bool) -> None:
+    """Refuse an unusable --output before any work (see :func:`~hf_rollouts.publish.save.check_output_dir`)."""
+    from .publish.save import OutputDirError, check_output_dir
+
+    try:
+        check_output_dir(output, overwrite=overwrite)
+    except OutputDirError as exc:
+        raise SystemExit(f"error: --output: {exc}") from None
+
+
+def _make_tasks(
+    env: str, split: str, num_tasks: int | None, env_config: str | None, allowed_env_modules: list[str] = ()
+):
     from .envs import get_env_class
     from .tiny_model import build_tokenizer
 
@@ -143,14 +169,19 @@ def _make_tasks(env: str, split: str, num_tasks: int | None, env_config: str | N
     if env.startswith("textarena:"):  # textarena:GAME-ID, e.g. textarena:Mastermind-v0
         config = {"env_id": env.split(":", 1)[1], **config}
         env = "hf_rollouts.envs.textarena.TextArenaEnv"
-    cls = get_env_class(env)
+    cls = get_env_class(env, allowed_env_modules)
     instance = cls(build_tokenizer(), config)
     return instance.get_eval_dataset(num_tasks) if split == "eval" else instance.get_train_dataset(num_tasks)
 
 
 def cmd_tasks(argv: list[str]) -> int:
     (args,) = HfArgumentParser([TasksArgs], prog="hf-rollouts tasks").parse_args_into_dataclasses(argv)
-    ds = _make_tasks(args.env, args.split, args.num_tasks, args.env_config)
+    _check_output(args.output, args.overwrite)
+    ds = _make_tasks(args.env, args.split, args.num_tasks, args.env_config, args.allow_env_module)
+    from .publish.save import clear_output_dir
+
+    if args.overwrite:
+        clear_output_dir(args.output)
     ds.save_to_disk(args.output)
     print(f"wrote {len(ds)} {args.split} tasks of {args.env} to {args.output}")
     return 0
@@ -164,6 +195,7 @@ def cmd_generate(argv: list[str]) -> int:
     args, options, sampling = parser.parse_args_into_dataclasses(argv)
     if (args.env is None) == (args.tasks is None):
         raise SystemExit("error: give exactly one of --env NAME or --tasks DIR_OR_HUB_ID.")
+    _check_output(args.output, args.overwrite)  # before any generation
     from dataclasses import asdict
 
     from .agents.loading import load_agent
@@ -173,7 +205,7 @@ def cmd_generate(argv: list[str]) -> int:
     from .sources import load_dataset_source
 
     tasks = (
-        _make_tasks(args.env, args.split, args.num_tasks, args.env_config)
+        _make_tasks(args.env, args.split, args.num_tasks, args.env_config, args.allow_env_module)
         if args.env
         else load_dataset_source(args.tasks)
     )
@@ -220,7 +252,7 @@ def cmd_generate(argv: list[str]) -> int:
         pad_token_id=agent.tokenizer.pad_token_id,
         load_path=args.push_to_hub or str(Path(args.output).resolve()),
     )
-    save_rollouts(ds, args.output, card)
+    save_rollouts(ds, args.output, card, overwrite=args.overwrite)
     agent.tokenizer.save_pretrained(str(Path(args.output) / "tokenizer"))
     stats = compute_stats(ds)
     print(

@@ -8,15 +8,27 @@ batched ``map``. In each map batch the rows are grouped by
 group, task and rollout — run concurrently and share each agent call; the
 padded per-task results go back in row order as new columns.
 
-Caching and resume: each shard's map writes
-``<cache_dir>/<fingerprint>-shard<i>-of<n>.arrow``. The fingerprint hashes
-everything that changes the output (input fingerprint, the agent's
+Caching and resume: each shard is expanded in memory and written to
+``<cache_dir>/<fingerprint>-shard<i>-of<n>.arrow`` (an Arrow stream that
+``Dataset.from_file`` reads). The fingerprint hashes everything that changes the
+output (input fingerprint, the agent's
 :meth:`~hf_rollouts.agents.base.Agent.fingerprint` with its sampling settings,
 the tokenizer, ``num_rollouts``, ``seed``, ``batch_size``, ``shard_size``,
 ``on_error``), so the same call returns the cached dataset and a new seed
-always samples afresh. A run killed part-way keeps its finished shards
-(``datasets`` moves a shard file into place only when it is complete); starting
-it again redoes only the rest.
+always samples afresh. A run killed part-way keeps its finished shards (a shard
+file is written under a temporary name and moved into place only when complete);
+starting it again redoes only the rest.
+
+Shard files say what they are (:mod:`hf_rollouts.shard_cache`): their Arrow schema metadata
+holds the run fingerprint, the shard index and the task row range. A file is reused
+only when that metadata, its row count and its data all check out; otherwise it is
+redone (with a warning naming it). When the final read finds a shard that does not
+check out (e.g. a file written by another process was replaced or truncated since),
+:class:`ShardCacheError` names the file.
+
+Failures: every episode the pipeline stores obeys the reward rule of
+:mod:`hf_rollouts.types` (``error`` exactly when the final reward is NaN; finite
+rewards otherwise), checked per episode.
 
 Several processes (``accelerate launch --num_processes N``): process ``p``
 expands a contiguous block of shards, everyone waits, and each process then
@@ -29,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
@@ -44,10 +57,13 @@ from ._version import __version__
 from .agents.base import Agent
 from .distributed import process_state
 from .envs.base import MultistepEnv
+from .envs.config import UnknownConfigKeyWarning
 from .envs.registry import validate_tasks
 from .rollout import episode_jobs, pad_task, run_episodes
-from .schema import ROLLOUT_FEATURES, TaskValidationError
+from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TASK_FEATURES, TaskValidationError
 from .seeding import derive_seed
+from .shard_cache import ShardCacheError, ShardFile
+from .types import reward_rule_violation
 
 
 def default_rollout_cache_dir() -> Path:
@@ -138,7 +154,9 @@ class _EnvCache:
     def get(self, path: str, config: dict[str, Any]) -> MultistepEnv:
         key = (path, _canonical(config))
         if key not in self._envs:
-            self._envs[key] = self.classes[path](self.tokenizer, config)
+            with warnings.catch_warnings():  # validate_tasks already warned, naming the row
+                warnings.simplefilter("ignore", UnknownConfigKeyWarning)
+                self._envs[key] = self.classes[path](self.tokenizer, config)
         return self._envs[key]
 
 
@@ -181,6 +199,13 @@ class _Expander:
             step_timeout=self.opts.step_timeout,
             episode_timeout=self.opts.episode_timeout,
         )
+        for job, episode in zip(jobs, episodes):
+            problem = reward_rule_violation(episode["status"], episode["final_reward"], episode["per_token_rewards"])
+            if problem:
+                raise RuntimeError(
+                    f"episode {job.session_id} of {type(job.env).__name__} breaks the reward rule ({problem}); "
+                    "an environment must not override _run_complete_episode to bypass the recorder."
+                )
         for k, index in enumerate(indices):
             self.played[index] = episodes[k * r : (k + 1) * r]
 
@@ -231,8 +256,39 @@ def rollout_fingerprint(
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
+def as_task_dataset(tasks: Any) -> Dataset:
+    """``tasks`` as a :class:`~datasets.Dataset`: a Dataset as is; a list of task-row dicts or a
+    pandas DataFrame converted (``env_config``/``task_data`` kept exactly, as ``Json``; other
+    columns inferred). Anything else is a ``TypeError`` saying how to convert it."""
+    if isinstance(tasks, Dataset):
+        return tasks
+    if type(tasks).__module__.startswith("pandas") and hasattr(tasks, "to_dict"):
+        rows = tasks.to_dict("records")
+    elif isinstance(tasks, (list, tuple)):
+        rows = list(tasks)
+    else:
+        hint = " Pick a split first, e.g. tasks['train']." if isinstance(tasks, datasets.DatasetDict) else ""
+        raise TypeError(
+            f"tasks must be a datasets.Dataset, a list of task-row dicts or a pandas DataFrame, got "
+            f"{type(tasks).__name__}.{hint} Build a Dataset with hf_rollouts.schema.to_task_dataset(rows) or "
+            "an env's get_train_dataset()."
+        )
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise TaskValidationError(
+                f"row {i} is a {type(row).__name__}, not a dict; a task row is "
+                "{'env_class_path': str, 'env_config': dict, 'task_data': dict}."
+            )
+    core = Dataset.from_list([{c: row.get(c) for c in TASK_COLUMNS} for row in rows], features=TASK_FEATURES)
+    extra_names = sorted({k for row in rows for k in row if k not in TASK_COLUMNS})
+    if not extra_names or not rows:
+        return core
+    extra = Dataset.from_dict({k: [row.get(k) for row in rows] for k in extra_names})
+    return concatenate_datasets([core, extra], axis=1)
+
+
 def generate_rollouts(
-    tasks: Dataset,
+    tasks: Dataset | list[dict[str, Any]] | Any,
     agent: Agent,
     num_rollouts: int,
     *,
@@ -247,7 +303,9 @@ def generate_rollouts(
     """Expand a task dataset into a rollout dataset (one row per task, see :data:`~hf_rollouts.schema.ROLLOUT_COLUMNS`).
 
     Args:
-        tasks: rows ``{env_class_path, env_config, task_data}`` (extra columns are kept).
+        tasks: rows ``{env_class_path, env_config, task_data}`` (extra columns are kept, but none
+            may be named like a rollout column): a ``Dataset``, a list of dicts or a pandas
+            DataFrame (see :func:`as_task_dataset`).
         agent: plays every episode.
         num_rollouts: episodes per task (one GRPO group per row).
         tokenizer: the env tokenizer; default ``agent.tokenizer``. It must be the
@@ -263,9 +321,12 @@ def generate_rollouts(
             ``shard_size``, ``max_concurrency``, ``on_error``), with its defaults.
 
     Raises:
-        TaskValidationError: for a malformed row or an untrusted/unknown env class,
-            before any generation.
+        TaskValidationError: for a malformed row, a bad ``env_config`` value (row and key
+            named), an untrusted/unknown env class or a task column named like a rollout
+            column, before any generation (``on_error`` does not apply to bad input).
+        ShardCacheError: when a shard file written by another process does not check out.
     """
+    tasks = as_task_dataset(tasks)
     if len(tasks) == 0:
         raise ValueError(
             "The task dataset is empty: nothing to play. Make tasks with an env's get_train_dataset() or "
@@ -275,6 +336,13 @@ def generate_rollouts(
     if unknown:
         raise TypeError(
             f"generate_rollouts got unknown option(s) {unknown}; the options are the fields of RolloutOptions."
+        )
+    clash = [c for c in tasks.column_names if c in ROLLOUT_FEATURES]
+    if clash:
+        raise TaskValidationError(
+            f"the task dataset has column(s) {clash} named like rollout output columns, which would overwrite them. "
+            f"Rename them (tasks.rename_column({clash[0]!r}, 'task_{clash[0]}')) or drop them "
+            f"(tasks.remove_columns({clash}))."
         )
     opts = RolloutOptions(num_rollouts=num_rollouts, **options)
     tokenizer = tokenizer if tokenizer is not None else getattr(agent, "tokenizer", None)
@@ -295,64 +363,48 @@ def generate_rollouts(
     cache = Path(cache_dir) if cache_dir is not None else default_rollout_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     num_shards = max(1, math.ceil(len(tasks) / opts.shard_size))
-    shard_files = [cache / f"{fingerprint}-shard{i:05d}-of{num_shards:05d}.arrow" for i in range(num_shards)]
+    shards = [
+        ShardFile(
+            cache / f"{fingerprint}-shard{i:05d}-of{num_shards:05d}.arrow", fingerprint, i, num_shards, start, stop
+        )
+        for i in range(num_shards)
+        for start, stop in [(i * opts.shard_size, min(len(tasks), (i + 1) * opts.shard_size))]
+    ]
 
     state = process_state()
     per_proc = math.ceil(num_shards / state.num_processes)
     mine = range(state.process_index * per_proc, min(num_shards, (state.process_index + 1) * per_proc))
-    todo = [i for i in mine if not (load_from_cache_file and shard_files[i].is_file())]
-    todo_tasks = sum(min(opts.shard_size, len(tasks) - i * opts.shard_size) for i in todo)
+    todo = [i for i in mine if not (load_from_cache_file and shards[i].reusable())]
     bar = tqdm(
-        total=todo_tasks * num_rollouts,
+        total=sum(shards[i].stop - shards[i].start for i in todo) * num_rollouts,
         desc=f"rollouts{f' [process {state.process_index}]' if state.num_processes > 1 else ''}",
         unit="episode",
-        disable=not progress or todo_tasks == 0,
+        disable=not progress or not todo,
     )
     with bar, _quiet_datasets_bars():
-        for i in mine:
-            _expand_shard(
-                tasks,
-                i,
-                opts.shard_size,
-                shard_files[i],
-                f"{fingerprint}-{i}",
-                envs,
-                agent,
-                opts,
-                bar,
-                load_from_cache_file,
-            )
+        for i in todo:
+            shards[i].write(_expand_shard(tasks, shards[i], envs, agent, opts, bar))
     state.wait_for_everyone()
-    parts = [Dataset.from_file(str(f)) for f in shard_files]
+    parts = [shard.load() for shard in shards]
     return concatenate_datasets(parts) if len(parts) > 1 else parts[0]
 
 
 def _expand_shard(
-    tasks: Dataset,
-    index: int,
-    shard_size: int,
-    cache_file: Path,
-    fingerprint: str,
-    envs: _EnvCache,
-    agent: Agent,
-    opts: RolloutOptions,
-    bar: tqdm,
-    load_from_cache_file: bool,
+    tasks: Dataset, shard: ShardFile, envs: _EnvCache, agent: Agent, opts: RolloutOptions, bar: tqdm
 ) -> Dataset:
-    start = index * shard_size
-    shard = tasks.select(range(start, min(len(tasks), start + shard_size)))
-    features = Features({**shard.features, **ROLLOUT_FEATURES})
-    return shard.map(
-        _Expander(shard, envs, agent, opts, start, bar),
+    rows = tasks.select(range(shard.start, shard.stop))
+    features = Features({**rows.features, **ROLLOUT_FEATURES})
+    return rows.map(
+        _Expander(rows, envs, agent, opts, shard.start, bar),
         batched=True,
         batch_size=opts.batch_size,
         with_indices=True,
         features=features,
-        cache_file_name=str(cache_file),
-        load_from_cache_file=load_from_cache_file,
-        new_fingerprint=fingerprint,
+        keep_in_memory=True,
+        load_from_cache_file=False,
+        new_fingerprint=f"{shard.fingerprint}-{shard.index}",
         desc="rollouts",
     )
 
 
-__all__ = ["RolloutOptions", "generate_rollouts", "rollout_fingerprint"]
+__all__ = ["RolloutOptions", "ShardCacheError", "as_task_dataset", "generate_rollouts", "rollout_fingerprint"]

@@ -12,6 +12,7 @@ contracts between the parts of the library can be read in one place:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -22,7 +23,28 @@ Status = Literal["done", "truncated", "error"]
 EPISODE_STATUSES: tuple[str, ...] = ("done", "truncated", "error")
 """``done``: the environment ended the episode (won or lost). ``truncated``: a
 turn or token budget cut it off before the environment ended it. ``error``: an
-exception was raised; the episode's reward is NaN, never a fake zero."""
+exception was raised, or the agent or environment handed over something invalid
+(see :class:`Episode`); the episode's reward is NaN, never a fake zero.
+
+The rule (:meth:`Episode.check` and the pipeline enforce it): an episode is
+``error`` exactly when its final reward is NaN, and every other episode has
+finite per-token and final rewards."""
+
+
+def reward_rule_violation(status: str, final_reward: float, per_token_rewards: list[float]) -> str | None:
+    """What breaks the reward rule (see :data:`EPISODE_STATUSES`) for one episode, or ``None``."""
+    if (status == "error") != math.isnan(final_reward):
+        return (
+            f"status {status!r} with final reward {final_reward}: an episode is 'error' exactly when its final "
+            "reward is NaN"
+        )
+    if status != "error":
+        if not math.isfinite(final_reward):
+            return f"status {status!r} with non-finite final reward {final_reward}"
+        bad = next((r for r in per_token_rewards if not math.isfinite(r)), None)
+        if bad is not None:
+            return f"status {status!r} with a non-finite per-token reward {bad}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -103,7 +125,9 @@ class Episode:
         only where ``agent_token_mask`` is 1;
       * ``per_token_rewards`` is non-zero only where ``agent_token_mask`` is 1;
       * ``logprobs`` (when not ``None``) is 0.0 wherever the mask is 0;
-      * ``status == "error"`` iff ``error`` is set, and then ``final_reward`` is NaN.
+      * ``status == "error"`` iff ``error`` is set iff ``final_reward`` is NaN;
+      * a ``done`` or ``truncated`` episode has a finite ``final_reward`` and finite
+        ``per_token_rewards`` (NaN or ±inf is never stored as a success).
     """
 
     full_token_ids: list[int]
@@ -124,7 +148,7 @@ class Episode:
         return [1] * len(self.full_token_ids)
 
     def check(self) -> None:
-        """Raise ``AssertionError`` if a token-level invariant is broken."""
+        """Raise ``AssertionError`` if an invariant (see the class docstring) is broken."""
         n = len(self.full_token_ids)
         assert (
             len(self.agent_token_mask) == n and len(self.per_token_rewards) == n and len(self.sampled_token_mask) == n
@@ -135,8 +159,10 @@ class Episode:
         assert self.logprobs is None or len(self.logprobs) == n
         for m, r in zip(self.agent_token_mask, self.per_token_rewards):
             assert m == 1 or r == 0.0, "reward on a non-agent token"
-        assert self.status in EPISODE_STATUSES
-        assert (self.status == "error") == (self.error is not None)
+        assert self.status in EPISODE_STATUSES, f"unknown status {self.status!r}"
+        assert (self.status == "error") == (self.error is not None), "status 'error' iff an error message"
+        problem = reward_rule_violation(self.status, self.final_reward, self.per_token_rewards)
+        assert problem is None, problem
 
     def to_dict(self) -> dict[str, Any]:
         """The unpadded episode dictionary ``_run_complete_episode`` returns: every field, plus

@@ -201,7 +201,7 @@ def _train(cfg: TrainConfig) -> list[IterationStats]:
         gen_done = time.perf_counter()
         saved = out / "rollouts" / f"iter{it:04d}"
         if accelerator.is_main_process:
-            save_rollouts(rollouts, saved)
+            save_rollouts(rollouts, saved, overwrite=True)  # this run's own scratch directory
         accelerator.wait_for_everyone()
         with accelerator.main_process_first():
             prepared = prepare_rollouts(

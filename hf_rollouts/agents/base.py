@@ -28,9 +28,12 @@ class Agent(ABC):
         """Return the next action (text or :class:`~hf_rollouts.types.Action`) and the new agent state."""
 
     def act(self, request: AgentRequest) -> tuple[Action, Any]:
-        """Answer one request. Default: ``get_action`` on the readable messages."""
+        """Answer one request. Default: ``get_action`` on the readable messages.
+
+        The text is passed on as returned (never ``str()``-ed), so the recorder can refuse a
+        ``None`` or a dict instead of playing its repr."""
         action, state = self.get_action(request.messages, request.agent_state)
-        return (action if isinstance(action, Action) else Action(text=str(action))), state
+        return (action if isinstance(action, Action) else Action(text=action)), state
 
     def act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any] | Exception]:
         """Answer many requests, in order. Default: one :meth:`act` call each.

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import random
+import warnings
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -36,21 +37,38 @@ from ..agents.base import Agent
 from ..chat import ChatDelta
 from ..rollout import episode_jobs, pad_groups, run_episode, run_episodes
 from ..schema import to_task_dataset
+from .config import EnvConfig, UnknownConfigKeyWarning
+
+
+def unknown_keys_message(cls: type[MultistepEnv], unknown: list[str]) -> str:
+    return (
+        f"{cls.__name__} ignores unknown env_config key(s) {unknown} (misspelled?); "
+        f"the keys it reads are {list(cls.config_class.keys())}."
+    )
 
 
 class MultistepEnv(ABC):
     """Base class of all environments. See the module docstring for the hooks.
 
-    Common ``env_config`` keys (subclasses add their own):
+    ``env_config`` is declared by :attr:`config_class`, a typed dataclass
+    (:mod:`hf_rollouts.envs.config`): it validates every key strictly at construction
+    (:class:`~hf_rollouts.envs.config.EnvConfigError` names the key), supplies the
+    defaults, and warns (:class:`~hf_rollouts.envs.config.UnknownConfigKeyWarning`)
+    about keys the env does not read. The parsed config is ``self.config``; the raw
+    dict stays in ``self.env_config``. Common keys (:class:`~hf_rollouts.envs.config.EnvConfig`;
+    subclasses add their own by subclassing it):
 
-    * ``max_turns`` (int): agent turns before the episode is truncated.
-    * ``max_episode_tokens`` (int | None): truncate (status ``truncated``) before an agent
+    * ``max_turns`` (int >= 1): agent turns before the episode is truncated
+      (default :attr:`default_max_turns`).
+    * ``max_episode_tokens`` (int >= 1 | None): truncate (status ``truncated``) before an agent
       turn once the prompt has reached this many tokens; the stored sequence can exceed it
       by at most one turn's sampled tokens.
     * ``reward_placement`` (``"last"`` | ``"spread"``): see
       :data:`hf_rollouts.rollout.REWARD_PLACEMENTS`.
     * ``system_prompt`` (str | None): overrides :meth:`_system_prompt`.
     * ``seed`` (int): seeds task generation (:meth:`get_train_dataset`).
+    * ``step_timeout`` / ``episode_timeout`` (float >= 0 | None): override the run's time limits
+      (read by the scheduler).
     """
 
     name: ClassVar[str] = ""
@@ -60,18 +78,30 @@ class MultistepEnv(ABC):
     data may only use values the caller allows (``allowed_env_models``): like code, a
     model or host named by a stranger's dataset is not trusted by default."""
 
+    config_class: ClassVar[type[EnvConfig]] = EnvConfig
+    """The typed declaration of this env's ``env_config`` keys (see :mod:`hf_rollouts.envs.config`)."""
+
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
-        if env_config is not None and not isinstance(env_config, dict):
-            raise TypeError(f"env_config must be a dict, got {type(env_config).__name__}.")
+        self.config = self.parse_config(env_config)
         self.tokenizer = tokenizer
         self.env_config: dict[str, Any] = dict(env_config or {})
-        self.max_turns = int(self.env_config.get("max_turns", self.default_max_turns))
-        if self.max_turns < 1:
-            raise ValueError(f"env_config['max_turns'] must be >= 1, got {self.max_turns}.")
-        self.max_episode_tokens: int | None = self.env_config.get("max_episode_tokens")
-        self.reward_placement: str = self.env_config.get("reward_placement", "last")
-        self.seed = int(self.env_config.get("seed", 0))
+        self.max_turns: int = self.config.max_turns if self.config.max_turns is not None else self.default_max_turns
+        self.max_episode_tokens: int | None = self.config.max_episode_tokens
+        self.reward_placement: str = self.config.reward_placement
+        self.seed: int = self.config.seed
         self.chat = ChatDelta(tokenizer)
+
+    @classmethod
+    def parse_config(cls, env_config: dict[str, Any] | None, *, warn: bool = True) -> EnvConfig:
+        """Validate ``env_config`` against :attr:`config_class`; warn about keys it does not declare.
+
+        Raises ``TypeError`` for a non-dict and :class:`~hf_rollouts.envs.config.EnvConfigError`
+        (a ``ValueError`` whose ``key`` names the key) for a bad value.
+        """
+        config, unknown = cls.config_class.from_dict(env_config)
+        if unknown and warn:
+            warnings.warn(unknown_keys_message(cls, unknown), UnknownConfigKeyWarning, stacklevel=3)
+        return config
 
     # -- hooks ---------------------------------------------------------------
     @abstractmethod

@@ -10,12 +10,15 @@ its errors name the row and the field.
 from __future__ import annotations
 
 import importlib
+import json
+import warnings
 from collections.abc import Iterable
 
 from datasets import Dataset
 
 from ..schema import TASK_COLUMNS, TaskValidationError
-from .base import MultistepEnv
+from .base import MultistepEnv, unknown_keys_message
+from .config import EnvConfigError, UnknownConfigKeyWarning
 
 ENV_REGISTRY: dict[str, str] = {
     "twenty_questions": "hf_rollouts.envs.twenty_questions.TwentyQuestionsEnv",
@@ -33,7 +36,29 @@ def class_path(cls: type) -> str:
 
 
 def _module_allowed(module: str, allowed: Iterable[str]) -> bool:
-    return any(module == p or module.startswith(p.rstrip(".") + ".") for p in (*TRUSTED_PREFIXES, *allowed))
+    return any(module == p or module.startswith(p + ".") for p in (*TRUSTED_PREFIXES, *allowed))
+
+
+def _is_dotted_name(name: object) -> bool:
+    return isinstance(name, str) and all(part.isidentifier() for part in name.split("."))
+
+
+def check_allowed_env_modules(allowed_env_modules: Iterable[str]) -> tuple[str, ...]:
+    """The allowed module prefixes as a tuple; :class:`TaskValidationError` unless each is a dotted module
+    name such as ``"mypkg"`` or ``"mypkg.envs"`` (a bare string, ``"."`` or ``""`` is refused)."""
+    if isinstance(allowed_env_modules, (str, bytes)):
+        raise TaskValidationError(
+            f"allowed_env_modules must be a list of module prefixes, got the string {allowed_env_modules!r}; "
+            f"pass [{allowed_env_modules!r}]."
+        )
+    allowed = tuple(allowed_env_modules)
+    bad = [p for p in allowed if not _is_dotted_name(p)]
+    if bad:
+        raise TaskValidationError(
+            f"allowed_env_modules holds {bad!r}, which is not a module prefix: give dotted module names such as "
+            "'mypkg' or 'mypkg.envs' (no relative names, no empty parts, no wildcards)."
+        )
+    return allowed
 
 
 def resolve_env_class(path: str, allowed_env_modules: Iterable[str] = (), *, where: str = "") -> type[MultistepEnv]:
@@ -44,8 +69,9 @@ def resolve_env_class(path: str, allowed_env_modules: Iterable[str] = (), *, whe
     not a ``MultistepEnv``. ``where`` (e.g. ``"row 3"``) prefixes messages.
     """
     where = f"{where}: " if where else ""
-    if not isinstance(path, str) or "." not in path:
+    if not isinstance(path, str) or "." not in path or not _is_dotted_name(path):
         raise TaskValidationError(f"{where}env_class_path must be 'package.module.ClassName', got {path!r}.")
+    allowed_env_modules = check_allowed_env_modules(allowed_env_modules)
     module_name, _, class_name = path.rpartition(".")
     if not _module_allowed(module_name, allowed_env_modules):
         raise TaskValidationError(
@@ -72,12 +98,13 @@ def resolve_env_class(path: str, allowed_env_modules: Iterable[str] = (), *, whe
     return cls
 
 
-def get_env_class(name: str) -> type[MultistepEnv]:
-    """Resolve a short name (``twenty_questions``) or a full class path under ``hf_rollouts.envs``."""
+def get_env_class(name: str, allowed_env_modules: Iterable[str] = ()) -> type[MultistepEnv]:
+    """Resolve a short name (``twenty_questions``) or a full class path (under ``hf_rollouts.envs``, or
+    under one of ``allowed_env_modules``)."""
     path = ENV_REGISTRY.get(name, name)
     if "." not in path:
         raise KeyError(f"Unknown environment {name!r}. Known names: {sorted(ENV_REGISTRY)}.")
-    return resolve_env_class(path)
+    return resolve_env_class(path, allowed_env_modules)
 
 
 def validate_tasks(
@@ -85,12 +112,22 @@ def validate_tasks(
 ) -> dict[str, type[MultistepEnv]]:
     """Check every row of a task dataset before any generation.
 
-    Returns the resolved classes by path. Errors name the row index and the field.
-    ``allowed_env_models`` lists the model/endpoint specs that rows may name in an env's
-    ``model_config_keys`` (e.g. Twenty Questions' ``gamemaster_model``).
+    Per row: the three task columns' types, the env class (trusted or allowed), every
+    ``env_config`` key against the class's typed config (:mod:`hf_rollouts.envs.config`:
+    type, range, required keys), and the model/endpoint specs named in its
+    ``model_config_keys`` (e.g. Twenty Questions' ``gamemaster_model``), which must be in
+    ``allowed_env_models``. Errors are :class:`TaskValidationError` naming the row and the
+    key; there is no "record and go on" for bad input. Keys an env does not declare give
+    one :class:`~hf_rollouts.envs.config.UnknownConfigKeyWarning` per env class and key set,
+    naming the first row. Returns the resolved classes by path.
     """
-    allowed = tuple(allowed_env_modules)
-    allowed_models = set(allowed_env_models)
+    allowed = check_allowed_env_modules(allowed_env_modules)
+    if isinstance(allowed_env_models, (str, bytes)):
+        raise TaskValidationError(
+            f"allowed_env_models must be a list of model/endpoint specs, got the string {allowed_env_models!r}; "
+            f"pass [{allowed_env_models!r}]."
+        )
+    allowed_models = {m for m in allowed_env_models if isinstance(m, str)}
     missing = [c for c in TASK_COLUMNS if c not in tasks.column_names]
     if missing:
         raise TaskValidationError(
@@ -99,6 +136,8 @@ def validate_tasks(
             "build rows with an env's get_train_dataset() or hf_rollouts.schema.TASK_FEATURES."
         )
     classes: dict[str, type[MultistepEnv]] = {}
+    checked: set[tuple[str, str]] = set()
+    warned: set[tuple[str, tuple[str, ...]]] = set()
     columns = tasks.select_columns(list(TASK_COLUMNS))
     for i, row in enumerate(columns):
         for field in ("env_config", "task_data"):
@@ -106,15 +145,32 @@ def validate_tasks(
                 raise TaskValidationError(
                     f"row {i}: field {field!r} must be a dict, got {type(row[field]).__name__} ({row[field]!r:.80})."
                 )
-        path = row["env_class_path"]
+        path, config = row["env_class_path"], row["env_config"]
         if path not in classes:
             classes[path] = resolve_env_class(path, allowed, where=f"row {i}, field 'env_class_path'")
-        for key in classes[path].model_config_keys:
-            value = row["env_config"].get(key)
+        cls = classes[path]
+        key = (path, json.dumps(config, sort_keys=True, default=repr))
+        if key in checked:
+            continue
+        checked.add(key)
+        try:
+            _, unknown = cls.config_class.from_dict(config)
+        except EnvConfigError as exc:
+            raise TaskValidationError(f"row {i}, field 'env_config', key {exc.key!r} ({cls.__name__}): {exc}") from exc
+        if unknown and (path, tuple(unknown)) not in warned:
+            warned.add((path, tuple(unknown)))
+            warnings.warn(f"row {i}: {unknown_keys_message(cls, unknown)}", UnknownConfigKeyWarning, stacklevel=2)
+        for model_key in cls.model_config_keys:
+            value = config.get(model_key)
+            if value is not None and not isinstance(value, str):
+                raise TaskValidationError(
+                    f"row {i}, field 'env_config', key {model_key!r}: a model/endpoint spec must be a str, got "
+                    f"{type(value).__name__} {value!r:.80}."
+                )
             if value is not None and value not in allowed_models:
                 raise TaskValidationError(
-                    f"row {i}: field 'env_config' names a model/endpoint in {key!r}: {value!r}. Loading or calling it "
-                    f"is not allowed by default. If you trust it, allow it: allowed_env_models=[{value!r}] "
+                    f"row {i}: field 'env_config' names a model/endpoint in {model_key!r}: {value!r}. Loading or "
+                    f"calling it is not allowed by default. If you trust it, allow it: allowed_env_models=[{value!r}] "
                     f"(CLI: --allow-env-model '{value}')."
                 )
     return classes

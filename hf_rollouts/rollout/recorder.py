@@ -7,11 +7,23 @@ sequence, so the token-level contracts are enforced in one spot:
 * agent ids enter exactly as the agent sampled them (text-only agents' text is
   tokenized once);
 * a step's reward is put on that step's agent tokens (see :data:`REWARD_PLACEMENTS`).
+
+It also refuses what would be stored silently wrong, by raising before anything is
+appended (the episode loop then records the episode as ``error`` with the message):
+
+* an environment message or system prompt that is not a ``str`` (:class:`EnvOutputError`);
+* an agent answer that is not an :class:`~hf_rollouts.types.Action` whose ``text`` is a
+  ``str`` (``None``, a dict, a number: never played as its ``repr``), ids that are not
+  ints in ``[0, len(tokenizer))``, or log-probabilities that do not match the ids one to
+  one (:class:`AgentOutputError`);
+* a step reward or final reward that is not a finite number (:class:`EnvOutputError`):
+  see the reward rule in :mod:`hf_rollouts.types`.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +38,31 @@ tokens. Either way the per-token rewards of an episode sum to the sum of its
 step rewards, and non-agent tokens always get 0. A step whose action has no
 tokens puts its reward on the previous agent token; before any agent token it
 is recorded in ``Episode.turns[i].info["unplaced_reward"]``."""
+
+
+class AgentOutputError(ValueError):
+    """The agent handed over something that cannot be stored as an action."""
+
+
+class EnvOutputError(ValueError):
+    """The environment handed over a message or reward that cannot be stored."""
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_reward(value: Any, what: str) -> float:
+    """``value`` as a float, or :class:`EnvOutputError` when it is not a finite real number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise EnvOutputError(f"{what} must be a finite number, got {type(value).__name__} {_show(value)}.")
+    value = float(value)
+    if not math.isfinite(value):
+        raise EnvOutputError(
+            f"{what} is {value}: rewards must be finite (an episode whose reward is not a number is an error)."
+        )
+    return value
 
 
 class EpisodeRecorder:
@@ -61,6 +98,16 @@ class EpisodeRecorder:
 
     def add_env_message(self, content: str, system: str | None = None) -> None:
         """Append the environment's message (and, first turn only, an optional system prompt)."""
+        if not isinstance(content, str):
+            raise EnvOutputError(
+                f"the environment's message (_format_prompt) must be a str, got {type(content).__name__} "
+                f"{_show(content)}."
+            )
+        if system is not None and not isinstance(system, str):
+            raise EnvOutputError(
+                f"the system prompt (_system_prompt) must be a str or None, got {type(system).__name__} "
+                f"{_show(system)}."
+            )
         if not self.ids:
             opening = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": content}
@@ -81,14 +128,51 @@ class EpisodeRecorder:
             session_id=session_id,
         )
 
+    def _check_action(self, action: Any) -> None:
+        """Raise :class:`AgentOutputError` saying what the agent returned, unless ``action`` can be stored."""
+        if not isinstance(action, Action):
+            raise AgentOutputError(
+                f"the agent returned {type(action).__name__} {_show(action)} instead of an Action; act/act_batch "
+                "must answer (Action, agent_state)."
+            )
+        if not isinstance(action.text, str):
+            raise AgentOutputError(
+                f"the agent returned action text of type {type(action.text).__name__} ({_show(action.text)}); "
+                "get_action must return (str or Action, agent_state), with the text as a str."
+            )
+        if action.token_ids is None:
+            return
+        vocab = len(self.chat.tokenizer)
+        for i, t in enumerate(action.token_ids):
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < vocab:
+                raise AgentOutputError(
+                    f"the agent returned token id {_show(t)} ({type(t).__name__}) at position {i}, outside the "
+                    f"tokenizer's vocabulary [0, {vocab}); an agent must use the env's tokenizer and report the ids "
+                    "it sampled."
+                )
+        if action.logprobs is not None:
+            if len(action.logprobs) != len(action.token_ids):
+                raise AgentOutputError(
+                    f"the agent returned {len(action.token_ids)} token ids but {len(action.logprobs)} "
+                    "log-probabilities; give exactly one per sampled id."
+                )
+            bad = next((p for p in action.logprobs if isinstance(p, bool) or not isinstance(p, numbers.Real)), None)
+            if bad is not None:
+                raise AgentOutputError(f"the agent returned a log-probability {_show(bad)} that is not a number.")
+
     def add_action(self, action: Action) -> str:
-        """Append the agent's tokens; returns the action text the environment must parse."""
+        """Append the agent's tokens; returns the action text the environment must parse.
+
+        Raises :class:`AgentOutputError` (nothing appended) when the action cannot be stored.
+        """
+        self._check_action(action)
         start = len(self.ids)
         if action.token_ids is not None:
-            ids = list(action.token_ids)
+            ids = [int(t) for t in action.token_ids]
             if action.logprobs is not None:
                 self.any_logprobs = True
-            self._append(ids, agent=True, logprobs=action.logprobs, sampled=True)
+            logprobs = None if action.logprobs is None else [float(p) for p in action.logprobs]
+            self._append(ids, agent=True, logprobs=logprobs, sampled=True)
         else:
             ids = self.chat.encode(action.text)
             self._append(ids, agent=True)
@@ -99,8 +183,11 @@ class EpisodeRecorder:
         return action.text
 
     def reward_turn(self, reward: float, info: dict[str, Any] | None = None) -> None:
-        """Record the reward of the last turn on its agent tokens (see :data:`REWARD_PLACEMENTS`)."""
-        reward = float(reward)
+        """Record the reward of the last turn on its agent tokens (see :data:`REWARD_PLACEMENTS`).
+
+        Raises :class:`EnvOutputError` (nothing recorded) when ``reward`` is not a finite number.
+        """
+        reward = _check_reward(reward, f"the step reward of turn {len(self.turns) - 1} (_step_episode)")
         turn = self.turns[-1]
         turn.reward = reward
         turn.info = dict(info or {})
@@ -133,6 +220,13 @@ class EpisodeRecorder:
         return copy.finish("error", math.nan, error=error)
 
     def finish(self, status: Status, final_reward: float, error: str | None = None) -> Episode:
+        """The finished :class:`Episode`. A ``done``/``truncated`` episode whose ``final_reward`` is
+        not a finite number becomes ``error`` (the reward rule of :mod:`hf_rollouts.types`)."""
+        if status != "error":
+            try:
+                final_reward = _check_reward(final_reward, "the final reward (_calculate_reward)")
+            except EnvOutputError as exc:
+                status, error = "error", f"{type(exc).__name__}: {exc}"
         if status == "error":
             final_reward = math.nan
         episode = Episode(

@@ -42,6 +42,10 @@ Backend = Literal["generate", "continuous"]
 BACKENDS: tuple[str, ...] = ("generate", "continuous")
 
 
+class ContextLengthError(ValueError):
+    """A prompt that does not fit the model's context (``max_position_embeddings``)."""
+
+
 class TransformersAgent(Agent):
     """Wraps any transformers causal LM and its tokenizer.
 
@@ -154,7 +158,24 @@ class TransformersAgent(Agent):
         If the batch fails (out of memory, one prompt too long for the model, ...), it is
         split in halves and retried, so only the requests that fail alone get their
         exception back; the others are answered.
+
+        Context: a prompt of ``max_position_embeddings`` tokens or more is answered with a
+        :class:`ContextLengthError` (that episode is recorded as ``error``) and never run; sampled
+        ids that would go past the context are dropped and the turn counts as cut (``stopped=False``).
         """
+        limit = self._context_limit
+        if limit is not None and any(len(r.prompt_token_ids) >= limit for r in requests):
+            fits = iter(self.act_batch([r for r in requests if len(r.prompt_token_ids) < limit]))
+            return [
+                next(fits)
+                if len(r.prompt_token_ids) < limit
+                else ContextLengthError(
+                    f"the prompt has {len(r.prompt_token_ids)} tokens; the model's context "
+                    f"(max_position_embeddings) is {limit}. Cap episodes below it with env_config "
+                    "'max_episode_tokens' to truncate them instead."
+                )
+                for r in requests
+            ]
         try:
             return self._act_batch(requests)
         except Exception as exc:
@@ -187,6 +208,9 @@ class TransformersAgent(Agent):
         out = []
         for request, (ids, logprobs) in zip(requests, sampled):
             ids, logprobs, stopped = self._cut_at_stop(ids, logprobs)
+            room = None if self._context_limit is None else self._context_limit - len(request.prompt_token_ids)
+            if room is not None and len(ids) > room:  # past the model's context: dropped, the turn is cut
+                ids, logprobs, stopped = ids[:room], logprobs[:room], False
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             out.append((Action(text=text, token_ids=ids, logprobs=logprobs, stopped=stopped), request.agent_state))
         return out
@@ -224,6 +248,10 @@ class TransformersAgent(Agent):
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.name, **self._settings(), "device": str(self.device)}
+
+    @property
+    def _context_limit(self) -> int | None:
+        return getattr(self.model.config, "max_position_embeddings", None)
 
     # -- generation ----------------------------------------------------------
     def _generation_config(self) -> GenerationConfig:

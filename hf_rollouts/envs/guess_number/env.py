@@ -17,6 +17,17 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from ..base import MultistepEnv
+from ..config import EnvConfig, EnvConfigError, option
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuessNumberConfig(EnvConfig):
+    low: int = option(1, "Smallest possible target.")
+    high: int = option(10, "Largest possible target.")
+
+    def check(self) -> None:
+        if self.low > self.high:
+            raise EnvConfigError("high", f"guess_number needs low <= high, got low={self.low}, high={self.high}.")
 
 
 @dataclass
@@ -28,13 +39,11 @@ class GuessState:
 class GuessNumberEnv(MultistepEnv):
     name = "guess_number"
     default_max_turns = 3
+    config_class = GuessNumberConfig
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer, env_config)
-        self.low = int(self.env_config.get("low", 1))
-        self.high = int(self.env_config.get("high", 10))
-        if self.low > self.high:
-            raise ValueError(f"guess_number needs low <= high, got low={self.low}, high={self.high}.")
+        self.low, self.high = self.config.low, self.config.high
 
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
         # Tasks are (target, variant) pairs so there are enough of them; eval uses odd variants.

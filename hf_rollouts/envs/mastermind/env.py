@@ -21,6 +21,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from ..base import MultistepEnv
+from ..config import EnvConfig, EnvConfigError, option
 
 
 def score_guess(code: list[int], guess: list[int]) -> tuple[int, int]:
@@ -28,6 +29,23 @@ def score_guess(code: list[int], guess: list[int]) -> tuple[int, int]:
     black = sum(c == g for c, g in zip(code, guess))
     common = sum((Counter(code) & Counter(guess)).values())
     return black, common - black
+
+
+@dataclass(frozen=True, kw_only=True)
+class MastermindConfig(EnvConfig):
+    code_length: int = option(4, "Digits in the secret code.", ge=1)
+    num_symbols: int = option(6, "Symbols are 1..num_symbols.", ge=1, le=9)
+    max_guesses: int | None = option(None, "Alias of max_turns (max_turns wins when both are given).", ge=1)
+    allow_duplicates: bool = option(True, "Whether a code may repeat a digit.")
+    invalid_penalty: float = option(0.0, "Subtracted as the step reward of a malformed guess.")
+
+    def check(self) -> None:
+        if not self.allow_duplicates and self.code_length > self.num_symbols:
+            raise EnvConfigError(
+                "allow_duplicates",
+                f"allow_duplicates=False needs code_length <= num_symbols, got {self.code_length} > "
+                f"{self.num_symbols}.",
+            )
 
 
 @dataclass
@@ -41,22 +59,15 @@ class MastermindState:
 class MastermindEnv(MultistepEnv):
     name = "mastermind"
     default_max_turns = 10
+    config_class = MastermindConfig
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer, env_config)
-        if "max_guesses" in self.env_config and "max_turns" not in self.env_config:
-            self.max_turns = int(self.env_config["max_guesses"])
-        self.code_length = int(self.env_config.get("code_length", 4))
-        self.num_symbols = int(self.env_config.get("num_symbols", 6))
-        self.allow_duplicates = bool(self.env_config.get("allow_duplicates", True))
-        self.invalid_penalty = float(self.env_config.get("invalid_penalty", 0.0))
-        if not 1 <= self.num_symbols <= 9 or self.code_length < 1:
-            raise ValueError(
-                f"mastermind needs 1 <= num_symbols <= 9 and code_length >= 1, got {self.num_symbols}, "
-                f"{self.code_length}."
-            )
-        if not self.allow_duplicates and self.code_length > self.num_symbols:
-            raise ValueError("allow_duplicates=False needs code_length <= num_symbols.")
+        c = self.config
+        if c.max_guesses is not None and c.max_turns is None:
+            self.max_turns = c.max_guesses
+        self.code_length, self.num_symbols = c.code_length, c.num_symbols
+        self.allow_duplicates, self.invalid_penalty = c.allow_duplicates, c.invalid_penalty
 
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
         symbols = range(1, self.num_symbols + 1)

@@ -72,27 +72,29 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from ..base import MultistepEnv
+from ..config import EnvConfig, option
 
 INSTALL_HINT = 'pip install "hf_rollouts[textarena]"'
 
-RESERVED_KEYS = frozenset(
-    {
-        "env_id",
-        "make_kwargs",
-        "max_turns",
-        "max_episode_tokens",
-        "reward_placement",
-        "system_prompt",
-        "seed",
-        "num_train_tasks",
-        "num_eval_tasks",
-        "disjoint_games",
-        "empty_observation",
-    }
-)
-"""``env_config`` keys read by :class:`TextArenaEnv` itself; all others go to ``textarena.make``."""
-
 DEFAULT_EMPTY_OBSERVATION = "(No new message from the game. Make your next move.)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextArenaConfig(EnvConfig):
+    """TextArena's keys; any key not declared here goes to ``textarena.make`` (so no unknown-key warning)."""
+
+    env_id: str = option(help="A TextArena game id, e.g. 'Mastermind-v0'.")
+    make_kwargs: dict | None = option(None, "Keyword arguments of textarena.make whose names collide with ours.")
+    num_train_tasks: int = option(1000, "Train split size when num_tasks is not given.", ge=1)
+    num_eval_tasks: int = option(100, "Eval split size when num_tasks is not given.", ge=1)
+    disjoint_games: bool = option(False, "Keep only distinct games per split, none of eval's in train.")
+    empty_observation: str = option(DEFAULT_EMPTY_OBSERVATION, "Message sent when a move produced no new message.")
+
+    extra_keys_allowed = True
+
+
+RESERVED_KEYS = frozenset(TextArenaConfig.keys())
+"""``env_config`` keys read by :class:`TextArenaEnv` itself; all others go to ``textarena.make``."""
 
 # Markers, in a game module's source, of a game that calls a hosted model during play.
 _HOSTED_MODEL_MARKERS = re.compile(r"OpenRouter\w*|\bta\.agents\.\w+|\btextarena\.agents\b|\bJury\b|make_online")
@@ -196,23 +198,19 @@ class TextArenaEpisode:
 class TextArenaEnv(MultistepEnv):
     name = "textarena"
     default_max_turns = 100
+    config_class = TextArenaConfig
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer, env_config)
         self.ta = import_textarena()
-        env_id = self.env_config.get("env_id")
-        if not isinstance(env_id, str) or not env_id:
+        c = self.config
+        if not c.env_id:
             raise ValueError('TextArenaEnv needs env_config["env_id"], a TextArena game id such as "Mastermind-v0".')
-        self.env_id = env_id
-        extra = self.env_config.get("make_kwargs") or {}
-        if not isinstance(extra, dict):
-            raise TypeError(f"env_config['make_kwargs'] must be a dict, got {type(extra).__name__}.")
+        env_id = self.env_id = c.env_id
         self.make_kwargs = {k: v for k, v in self.env_config.items() if k not in RESERVED_KEYS}
-        self.make_kwargs.update(extra)
-        self.num_train_tasks = int(self.env_config.get("num_train_tasks", 1000))
-        self.num_eval_tasks = int(self.env_config.get("num_eval_tasks", 100))
-        self.disjoint_games = bool(self.env_config.get("disjoint_games", False))
-        self.empty_observation = str(self.env_config.get("empty_observation", DEFAULT_EMPTY_OBSERVATION))
+        self.make_kwargs.update(c.make_kwargs or {})
+        self.num_train_tasks, self.num_eval_tasks = c.num_train_tasks, c.num_eval_tasks
+        self.disjoint_games, self.empty_observation = c.disjoint_games, c.empty_observation
 
         from textarena.envs.registration import ENV_REGISTRY
 
@@ -225,7 +223,7 @@ class TextArenaEnv(MultistepEnv):
         if problem:
             raise TextArenaGameUnavailable(f"TextArena game {env_id!r} cannot run here: {problem}.")
         game_turns, allowance = self._probe()
-        if "max_turns" not in self.env_config:
+        if c.max_turns is None:
             self.max_turns = (allowance + 1) * game_turns if game_turns else self.default_max_turns
 
     # -- construction checks ----------------------------------------------------

@@ -28,9 +28,29 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from ..base import MultistepEnv
+from ..config import EnvConfig, option
 from .knowledge import Gamemaster, KnowledgeBase, KnowledgeBaseGamemaster
 
 GAMEMASTERS = ("knowledge_base", "agent")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TwentyQuestionsConfig(EnvConfig):
+    hardcore: bool = option(False, "Draw objects from the hard list instead of the basic one.")
+    win_reward: float = option(1.0, "Step reward of the correct guess.")
+    question_reward: float = option(0.0, "Step reward of every other turn (e.g. -0.01 to favour short games).")
+    wrong_guess_reward: float = option(0.0, "Step reward of a wrong guess.")
+    gamemaster: str = option(
+        "knowledge_base",
+        "Who answers questions (or pass a `gamemaster=` object to the constructor).",
+        choices=GAMEMASTERS,
+    )
+    gamemaster_model: str | None = option(
+        None, "With gamemaster 'agent': 'openai:URL#MODEL', 'tiny', a hub id or path (must be allowed)."
+    )
+    gamemaster_temperature: float = option(0.0, "With gamemaster 'agent': its sampling temperature.", ge=0.0)
+    gamemaster_max_tokens: int = option(8, "With gamemaster 'agent': tokens per answer.", ge=1)
+    gamemaster_system_prompt: str | None = option(None, "With gamemaster 'agent': template with {solution}.")
 
 
 @dataclass
@@ -45,6 +65,7 @@ class TwentyQuestionsState:
 class TwentyQuestionsEnv(MultistepEnv):
     name = "twenty_questions"
     default_max_turns = 20
+    config_class = TwentyQuestionsConfig
     model_config_keys = ("gamemaster_model",)
 
     def __init__(
@@ -54,19 +75,12 @@ class TwentyQuestionsEnv(MultistepEnv):
         gamemaster: Gamemaster | None = None,
     ) -> None:
         super().__init__(tokenizer, env_config)
-        self.hardcore = bool(self.env_config.get("hardcore", False))
-        self.win_reward = float(self.env_config.get("win_reward", 1.0))
-        self.question_reward = float(self.env_config.get("question_reward", 0.0))
-        self.wrong_guess_reward = float(self.env_config.get("wrong_guess_reward", 0.0))
+        c = self.config
+        self.hardcore, self.win_reward = c.hardcore, c.win_reward
+        self.question_reward, self.wrong_guess_reward = c.question_reward, c.wrong_guess_reward
         self.kb = KnowledgeBase.load()
         if gamemaster is None:
-            kind = self.env_config.get("gamemaster", "knowledge_base")
-            if kind not in GAMEMASTERS:
-                raise ValueError(
-                    f"env_config['gamemaster'] must be one of {GAMEMASTERS}, got {kind!r}; "
-                    "pass an object with answer(question, solution) as `gamemaster=` for others."
-                )
-            if kind == "agent":  # an LLM answers: env_config["gamemaster_model"] names it
+            if c.gamemaster == "agent":  # an LLM answers: env_config["gamemaster_model"] names it
                 from .llm_gamemaster import gamemaster_from_config
 
                 gamemaster = gamemaster_from_config(self.env_config)
