@@ -192,8 +192,7 @@ class _Expander:
         episodes = run_episodes(
             jobs,
             self.agent,
-            max_concurrency=self.opts.max_concurrency
-            or (self.opts.batch_size * r if len(indices) > self.opts.batch_size else None),
+            max_concurrency=self.opts.max_concurrency or self._default_concurrency(len(indices)),
             on_error=self.opts.on_error,
             on_episode_end=(lambda: self.progress.update(1)) if self.progress is not None else None,
             step_timeout=self.opts.step_timeout,
@@ -208,6 +207,13 @@ class _Expander:
                 )
         for k, index in enumerate(indices):
             self.played[index] = episodes[k * r : (k + 1) * r]
+
+    def _default_concurrency(self, rows: int) -> int | None:
+        """A map batch: all its episodes. A whole shard (per-request agents): the agent's own concurrency limit
+        (requests in flight), else ``batch_size`` rows' episodes."""
+        if rows <= self.opts.batch_size:
+            return None
+        return getattr(self.agent, "concurrency", None) or self.opts.batch_size * self.opts.num_rollouts
 
     def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         if indices[0] not in self.played:

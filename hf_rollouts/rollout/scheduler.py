@@ -7,7 +7,8 @@ goes on with the next ready episode. How requests reach the agent depends on the
 * **per-request agents** (``agent.answers_per_request``, e.g. an inference server): each
   request is submitted (:meth:`~hf_rollouts.agents.base.Agent.submit`) the moment its
   episode produces it; the answer makes that episode ready again. No barrier between turns
-  or episodes: the server's own batching sees a steady stream.
+  or episodes: the server's own batching sees a steady stream. The pipeline keeps up to the
+  agent's ``concurrency`` episodes alive.
 * **client-batching agents** (the default, e.g. ``TransformersAgent``): when no episode is
   ready, every parked request goes to one ``act_batch`` call, ordered by episode. The
   batch's composition depends only on the episodes, never on timing, so a seeded run is

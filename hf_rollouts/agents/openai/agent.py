@@ -265,6 +265,11 @@ class OpenAIChatAgent(Agent):
 
     answers_per_request = True
 
+    @property
+    def concurrency(self) -> int:
+        """Requests in flight at once: the scheduler keeps this many episodes alive by default."""
+        return self.settings.concurrency
+
     def submit(self, request: AgentRequest) -> Future:
         """Send one request on the agent's pool now; the future holds ``(action, agent_state)``."""
 
