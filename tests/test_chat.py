@@ -51,10 +51,10 @@ def test_closing_depends_on_whether_the_agent_sampled_the_end_token(chatml_token
     end = chatml_tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert chat.assistant_closing == "<|im_end|>\n"
     assert end in chat.stop_token_ids
-    assert chat._after_sampled_stop(chat.assistant_closing, chat.encode("hi") + [end]) == "\n"
-    assert (
-        chat._after_sampled_stop(chat.assistant_closing, chat.encode("hi")) == "<|im_end|>\n"
-    )  # cut off by the token budget
+    assert chat.framing.history_end == "<|im_end|>" and chat.turn_ended(chat.encode("hi") + [end])
+    assert not chat.turn_ended(chat.encode("hi"))  # cut off by the token budget
+    delta = chat.user_delta_ids("Yes.", chat.encode("hi") + [end])
+    assert chatml_tokenizer.decode(delta) == "\n<|im_start|>user\nYes.<|im_end|>\n<|im_start|>assistant\n"
     delta = chat.user_delta_ids("Yes.", chat.encode("hi"))
     assert chatml_tokenizer.decode(delta) == "<|im_end|>\n<|im_start|>user\nYes.<|im_end|>\n<|im_start|>assistant\n"
 
