@@ -337,3 +337,41 @@ def test_env_tools_are_rendered_once_into_the_first_prompt(tokenizer, recording,
     assert marker in first and tok.decode(ep["full_token_ids"]).count(marker) == 1
     reference = tok.apply_chat_template(ep["messages"][:1], tools=TOOLS, tokenize=False, add_generation_prompt=True)
     assert first == reference
+
+
+TRIM = "whitespace trimmed in history"
+EXPECTED_REWRITES = {
+    "qwen3": {"reasoning dropped from history"},
+    "deepseek_r1": {"reasoning dropped from history"},
+    "mistral": {"system prompt moved"},
+    "gpt_oss": {"end token rewritten in history"},
+    "llama2": {"end token rewritten in history", TRIM},
+    "llama3": {TRIM},
+    "gemma": {TRIM},
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_check_chat_template_names_each_familys_rewrites_and_finds_no_defect(tokenizer, name):
+    from hf_rollouts.chat import check_chat_template
+
+    report = check_chat_template(family_tokenizer(tokenizer, name))
+    assert report.ok, str(report)
+    assert set(report.rewrites) == EXPECTED_REWRITES.get(name, set()), str(report)
+    assert report.framing.opening == OPENING.get(name, "") and report.framing.history_end == HISTORY_END[name]
+
+
+def test_check_chat_template_sees_options_and_reports_a_defect(tokenizer):
+    from hf_rollouts.chat import check_chat_template
+
+    report = check_chat_template(family_tokenizer(tokenizer, "qwen3"), enable_thinking=False)
+    assert report.rewrites == ["reasoning dropped from history"]  # the no-think opener is not kept in history
+    tok = family_tokenizer(tokenizer, "qwen2_5")
+    tok.chat_template = (  # a template that edits past answers: no known rule explains it
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['role'] == 'assistant' %}{{ m['content'] | replace('3', 'three') }}"
+        "{% else %}{{ m['content'] }}{% endif %}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    report = check_chat_template(tok)
+    assert not report.ok and "unexplained difference" in str(report) and "three" in str(report)
