@@ -375,3 +375,34 @@ def test_check_chat_template_sees_options_and_reports_a_defect(tokenizer):
     )
     report = check_chat_template(tok)
     assert not report.ok and "unexplained difference" in str(report) and "three" in str(report)
+
+
+def test_cli_check_template_on_a_saved_tokenizer(tokenizer, tmp_path, capsys):
+    from hf_rollouts.cli import main
+
+    family_tokenizer(tokenizer, "gpt_oss").save_pretrained(tmp_path / "gpt_oss")
+    assert (
+        main(["check-template", str(tmp_path / "gpt_oss"), "--chat-template-kwargs", '{"reasoning_effort": "low"}'])
+        == 0
+    )
+    shown = capsys.readouterr().out
+    assert "end token rewritten in history" in shown and "'<|channel|>final<|message|>'" in shown
+    broken = family_tokenizer(tokenizer, "qwen2_5")
+    broken.chat_template = broken.chat_template.replace("message.content", "message.content | replace('3', 'x')")
+    broken.save_pretrained(tmp_path / "broken")
+    assert main(["check-template", str(tmp_path / "broken")]) == 1 and "DEFECT" in capsys.readouterr().out
+
+
+def test_cli_chat_template_kwargs_go_into_each_rows_env_config_and_win(tmp_path):
+    from datasets import load_from_disk
+
+    from hf_rollouts.cli import _with_template_kwargs, main
+    from hf_rollouts.schema import to_task_dataset
+
+    rows = [{"env_class_path": "x.Y", "env_config": {"chat_template_kwargs": {"a": 0, "b": 2}}, "task_data": {}}]
+    merged = _with_template_kwargs(to_task_dataset(rows), {"a": 1})
+    assert merged[0]["env_config"]["chat_template_kwargs"] == {"a": 1, "b": 2}  # the flag wins over the row
+    args = ["generate", "--env", "guess_number", "--num-tasks", "1", "--num-rollouts", "1", "--max-new-tokens", "4"]
+    args += ["--chat-template-kwargs", '{"enable_thinking": false}', "--output", str(tmp_path / "g")]
+    assert main([*args, "--cache-dir", str(tmp_path / "c")]) == 0
+    assert load_from_disk(str(tmp_path / "g"))[0]["env_config"]["chat_template_kwargs"] == {"enable_thinking": False}
