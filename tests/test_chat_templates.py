@@ -406,3 +406,32 @@ def test_cli_chat_template_kwargs_go_into_each_rows_env_config_and_win(tmp_path)
     args += ["--chat-template-kwargs", '{"enable_thinking": false}', "--output", str(tmp_path / "g")]
     assert main([*args, "--cache-dir", str(tmp_path / "c")]) == 0
     assert load_from_disk(str(tmp_path / "g"))[0]["env_config"]["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_gpt_oss_analysis_then_final_is_stored_as_sampled(tiny, tokenizer, recording):
+    """Harmony: the model writes an analysis message, <|end|>, then its final answer and <|return|>.
+    <|end|> is not a stop (the answer would be lost); the history's <|return|> -> <|end|> rewrite and the
+    dropped analysis do not touch the stored ids."""
+    from hf_rollouts.agents.hf import TransformersAgent
+
+    tok = family_tokenizer(tokenizer, "gpt_oss")
+    analysis = "<|channel|>analysis<|message|>maybe 3<|end|><|start|>assistant"
+
+    class HarmonyAgent(TokenAgent):
+        def act(self, request):
+            turn = request.agent_state or 0
+            text = analysis + "<|channel|>final<|message|>" + self.answers[turn]
+            ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.stop_id]
+            return Action(text=self.answers[turn], token_ids=ids, stopped=True), turn + 1
+
+    ep, log = play(tok, "gpt_oss", HarmonyAgent(tok, "gpt_oss", "<|return|>"), recording)
+    check_prefixes(ep, log)
+    expected = expected_prompt(tok, "gpt_oss", ep["messages"][:-1], "<|return|>")
+    expected = expected.replace(
+        "<|start|>assistant<|channel|>final", "<|start|>assistant" + analysis + "<|channel|>final"
+    )
+    assert tok.decode(log[-1][0]) == expected
+    model = copy.deepcopy(tiny[0])
+    model.resize_token_embeddings(len(tok))
+    model.generation_config.eos_token_id = tok.convert_tokens_to_ids(FAMILIES["gpt_oss"]["generation_config_eos"])
+    assert tok.convert_tokens_to_ids("<|end|>") not in TransformersAgent(model, tok).stop_ids
