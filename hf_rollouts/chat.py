@@ -165,14 +165,19 @@ class ChatDelta:
         return frozenset(self.tokenizer.all_special_ids)
 
     def _protect(self, messages: list[Message], literals: list[str]) -> list[Message]:
-        """Env messages with special-token strings (and the guard character) replaced by guards."""
+        """Non-assistant messages with special-token strings (and the guard character) replaced by guards."""
         pattern = self._protected
 
         def guard(match: re.Match[str]) -> str:
             literals.append(match.group(0))
             return f"{_GUARD_OPEN}{len(literals) - 1}{_GUARD_CLOSE}"
 
-        return [{**m, "content": pattern.sub(guard, m["content"])} for m in messages]
+        return [
+            m
+            if m.get("role") == "assistant" or not isinstance(m.get("content"), str)
+            else {**m, "content": pattern.sub(guard, m["content"])}
+            for m in messages
+        ]
 
     def _encode_guarded(self, text: str, literals: list[str]) -> list[int]:
         """Encode rendered text: template framing with special ids, guarded literals as plain text."""
