@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import transformers.utils.chat_template_utils as chat_template_utils
 
 from hf_rollouts.agents.base import Agent
@@ -47,8 +48,8 @@ HISTORY_END = {
 END_TOKEN = {**{k: v.strip() for k, v in HISTORY_END.items()}, "gpt_oss": "<|return|>"}
 NO_SYSTEM = {"gemma"}  # raises "System role not supported"
 SYSTEM = "Answer in few words."
-PROMPTS = ["Guess my number.", "Higher.", "Lower."]
-ANSWERS = ["Is it 3?", "Is it 7?", "Is it 5?"]
+PROMPTS = ["Guess my number.", "Higher.", "Lower.", "Higher."]
+ANSWERS = ["Is it 3?", "Is it 7?", "Is it 5?", "Is it 6?"]
 
 
 class _FrozenDate(_dt.datetime):
@@ -163,7 +164,7 @@ def test_text_agent_turns_carry_the_templates_assistant_framing(tokenizer, recor
     assert tok.decode(last_prompt) == expected
     assert last_prompt == tok(expected, add_special_tokens=False)["input_ids"]
     last = ep["turns"][-1]  # the final turn: opening + text + end token, all agent tokens
-    opening_and_text = tok(OPENING.get(name, "") + ANSWERS[-1], add_special_tokens=False)["input_ids"]
+    opening_and_text = tok(OPENING.get(name, "") + ANSWERS[2], add_special_tokens=False)["input_ids"]
     assert ep["full_token_ids"][last.start : last.end] == opening_and_text + [
         tok.convert_tokens_to_ids(END_TOKEN[name])
     ]
@@ -221,13 +222,22 @@ def test_transformers_agent_on_every_family(tiny, recording, name):
     model.resize_token_embeddings(len(tok))
     meta = FAMILIES[name]
     model.generation_config.eos_token_id = tok.convert_tokens_to_ids(meta["generation_config_eos"])
-    agent = TransformersAgent(model, tok, temperature=1.0, max_new_tokens=6, seed=1)
     stops = {tok.convert_tokens_to_ids(t) for t in [meta["eos_token"], END_TOKEN[name], *meta["generation_config_eos"]]}
+    # random weights almost never sample a stop; an output bias towards the stop ids makes both paths happen
+    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
+    head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    with torch.no_grad():
+        head.bias.zero_()
+        head.bias[sorted(stops)] = 6.5
+    model.lm_head = head
+    agent = TransformersAgent(model, tok, temperature=1.0, max_new_tokens=6, seed=1)
     assert set(agent.stop_ids) == stops
     for stop in stops:  # each one is recognised as a sampled stop
         assert agent._cut_at_stop([7, stop, 9], [0.0, 0.0, 0.0]) == ([7, stop], [0.0, 0.0], True)
-    ep, log = play(tok, name, agent, recording)
+    ep, log = play(tok, name, agent, recording, max_turns=4)
     check_prefixes(ep, log)
+    ended = [ep["full_token_ids"][t.end - 1] in stops for t in ep["turns"]]
+    assert any(ended[:-1]) and ep["num_cut_turns"] == ended.count(False)  # a sampled stop before a later turn
     # env segments: the first prompt is the template's render; later ones are the template's text between
     # two assistant contents, minus the history end marker when the model sampled a stop.
     msgs = ep["messages"]
