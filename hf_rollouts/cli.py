@@ -65,6 +65,13 @@ class GenerateArgs:
     num_tasks: int = field(default=8, metadata={"help": "Tasks to make with --env."})
     split: str = field(default="train", metadata={"help": "Split to make with --env.", "choices": ["train", "eval"]})
     env_config: str | None = field(default=None, metadata={"help": "JSON env_config for --env."})
+    chat_template_kwargs: str | None = field(
+        default=None,
+        metadata={
+            "help": "JSON options for every chat-template render, e.g. '{\"enable_thinking\": false}'. Written into "
+            "each task row's env_config['chat_template_kwargs']; these keys win over the row's."
+        },
+    )
     model: str = field(
         default="tiny",
         metadata={
@@ -141,6 +148,14 @@ class GenerateArgs:
 
 
 @dataclass
+class CheckTemplateArgs:
+    chat_template_kwargs: str | None = field(
+        default=None, metadata={"help": "JSON options for the template, e.g. '{\"enable_thinking\": false}'."}
+    )
+    trust_remote_code: bool = field(default=False, metadata={"help": "Allow tokenizer code from the Hub."})
+
+
+@dataclass
 class InspectArgs:
     row: int = field(default=0, metadata={"help": "Task row to show."})
     rollout: int = field(default=0, metadata={"help": "Rollout of that row to show."})
@@ -172,6 +187,19 @@ def _make_tasks(
     cls = get_env_class(env, allowed_env_modules)
     instance = cls(build_tokenizer(), config)
     return instance.get_eval_dataset(num_tasks) if split == "eval" else instance.get_train_dataset(num_tasks)
+
+
+def _with_template_kwargs(tasks, kwargs: dict[str, Any]):
+    """Tasks whose env_config['chat_template_kwargs'] is updated with ``kwargs`` (the flag wins over the row)."""
+    if not kwargs:
+        return tasks
+
+    def merge(row: dict[str, Any]) -> dict[str, Any]:
+        config = dict(row["env_config"] or {})
+        config["chat_template_kwargs"] = {**(config.get("chat_template_kwargs") or {}), **kwargs}
+        return {"env_config": config}
+
+    return tasks.map(merge, features=tasks.features, desc="chat_template_kwargs")
 
 
 def cmd_tasks(argv: list[str]) -> int:
@@ -209,6 +237,7 @@ def cmd_generate(argv: list[str]) -> int:
         if args.env
         else load_dataset_source(args.tasks)
     )
+    tasks = _with_template_kwargs(tasks, _json_dict(args.chat_template_kwargs, "--chat-template-kwargs"))
     agent = load_agent(
         args.model,
         sampling,
@@ -309,12 +338,35 @@ def cmd_inspect(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"tasks": cmd_tasks, "generate": cmd_generate, "inspect": cmd_inspect}
-USAGE = """usage: hf-rollouts {tasks,generate,inspect} [options]
+def cmd_check_template(argv: list[str]) -> int:
+    parser = HfArgumentParser([CheckTemplateArgs], prog="hf-rollouts check-template")
+    parser.add_argument("model", help="'tiny', or a model id / path whose tokenizer's chat template to check.")
+    args, ns = parser.parse_args_into_dataclasses(argv)
+    from .chat import check_chat_template
 
-  tasks      write a task dataset for an environment
-  generate   play episodes and write a rollout dataset (+ parquet, card; optional Hub push)
-  inspect    print a rollout dataset's statistics and one trajectory
+    if ns.model == "tiny":
+        from .tiny_model import build_tokenizer
+
+        tokenizer = build_tokenizer()
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(ns.model, trust_remote_code=args.trust_remote_code)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+    report = check_chat_template(tokenizer, **_json_dict(args.chat_template_kwargs, "--chat-template-kwargs"))
+    print(f"chat template of {ns.model}:")
+    print(report)
+    return 0 if report.ok else 1
+
+
+COMMANDS = {"tasks": cmd_tasks, "generate": cmd_generate, "inspect": cmd_inspect, "check-template": cmd_check_template}
+USAGE = """usage: hf-rollouts {tasks,generate,inspect,check-template} [options]
+
+  tasks           write a task dataset for an environment
+  generate        play episodes and write a rollout dataset (+ parquet, card; optional Hub push)
+  inspect         print a rollout dataset's statistics and one trajectory
+  check-template  check a model's chat template against hf_rollouts' delta rendering (exit 1 on a defect)
 
 Run `hf-rollouts COMMAND --help` for a command's options."""
 

@@ -51,10 +51,10 @@ def test_closing_depends_on_whether_the_agent_sampled_the_end_token(chatml_token
     end = chatml_tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert chat.assistant_closing == "<|im_end|>\n"
     assert end in chat.stop_token_ids
-    assert chat._after_sampled_stop(chat.assistant_closing, chat.encode("hi") + [end]) == "\n"
-    assert (
-        chat._after_sampled_stop(chat.assistant_closing, chat.encode("hi")) == "<|im_end|>\n"
-    )  # cut off by the token budget
+    assert chat.framing.history_end == "<|im_end|>" and chat.turn_ended(chat.encode("hi") + [end])
+    assert not chat.turn_ended(chat.encode("hi"))  # cut off by the token budget
+    delta = chat.user_delta_ids("Yes.", chat.encode("hi") + [end])
+    assert chatml_tokenizer.decode(delta) == "\n<|im_start|>user\nYes.<|im_end|>\n<|im_start|>assistant\n"
     delta = chat.user_delta_ids("Yes.", chat.encode("hi"))
     assert chatml_tokenizer.decode(delta) == "<|im_end|>\n<|im_start|>user\nYes.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -106,3 +106,24 @@ def test_template_that_renders_the_last_assistant_turn_differently(chatml_tokeni
         assert chatml_tokenizer.decode(delta) == "\n<|im_start|>user\nNo.<|im_end|>\n<|im_start|>assistant\n"
     finally:
         chatml_tokenizer.chat_template = CHATML
+
+
+def test_template_options_are_validated_with_a_fix(tokenizer):
+    with pytest.raises(ChatTemplateError, match="must be a dict"):
+        ChatDelta(tokenizer, template_kwargs=["enable_thinking"])
+    with pytest.raises(ChatTemplateError, match="add_generation_prompt"):
+        ChatDelta(tokenizer, template_kwargs={"add_generation_prompt": False})
+    with pytest.raises(ChatTemplateError, match="list of JSON-schema dicts"):
+        ChatDelta(tokenizer, tools="guess(n)")
+    assert ChatDelta(tokenizer, template_kwargs={"tools": [{"type": "function"}]}).tools == [{"type": "function"}]
+
+
+def test_a_model_specific_stop_counts_only_when_the_agent_says_it_stopped(chatml_tokenizer):
+    """A special id outside the template's end tokens (e.g. one of generation_config.eos_token_id) ends a turn
+    when the agent reports stopping on it; a budget cut that happens to end on a special id does not."""
+    chat = ChatDelta(chatml_tokenizer)
+    start = chatml_tokenizer.convert_tokens_to_ids("<|im_start|>")
+    ids = chat.encode("hi") + [start]
+    assert chat.turn_ended(ids, stopped=True) and not chat.turn_ended(ids, stopped=False)
+    delta = chat.user_delta_ids("No.", ids, ended=True)
+    assert chatml_tokenizer.decode(delta) == "\n<|im_start|>user\nNo.<|im_end|>\n<|im_start|>assistant\n"

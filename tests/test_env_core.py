@@ -61,11 +61,11 @@ def test_run_complete_episode_with_scripted_agent(tokenizer):
     check_invariants(ep)
     assert ep["status"] == "done" and ep["error"] is None and ep["num_turns"] == 3
     assert ep["final_reward"] == 1.0
-    # the agent mask marks exactly the scripted texts, tokenized once each
+    # the agent mask marks exactly the scripted texts, tokenized once each, closed by the template's end token
     for turn, text in zip(ep["turns"], script):
-        assert ep["full_token_ids"][turn.start : turn.end] == env.chat.encode(text)
+        assert ep["full_token_ids"][turn.start : turn.end] == env.chat.encode(text) + [tokenizer.eos_token_id]
         assert all(ep["agent_token_mask"][turn.start : turn.end])
-    assert sum(ep["agent_token_mask"]) == sum(len(env.chat.encode(t)) for t in script)
+    assert sum(ep["agent_token_mask"]) == sum(len(env.chat.encode(t)) + 1 for t in script)
     # the step reward sits on the last token of the winning turn, nowhere else
     win = ep["turns"][-1]
     assert ep["per_token_rewards"][win.end - 1] == 1.0 and sum(ep["per_token_rewards"]) == 1.0

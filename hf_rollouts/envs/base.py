@@ -11,9 +11,10 @@ Subclasses implement three hooks and know nothing of models:
   apply the agent's action text. ``done`` means the game ended (won or lost).
 
 Optional hooks: ``_calculate_reward(state, step_rewards) -> float`` (default: the sum of
-step rewards), ``_system_prompt(state)``, and ``_task_list(split, num_tasks)``, which
-:meth:`~MultistepEnv.get_train_dataset` / :meth:`~MultistepEnv.get_eval_dataset` need to
-make task rows (an env whose tasks come from the user's own dataset can leave it out).
+step rewards), ``_system_prompt(state)``, ``_tools()`` (tool schemas for the chat template), and
+``_task_list(split, num_tasks)``, which :meth:`~MultistepEnv.get_train_dataset` /
+:meth:`~MultistepEnv.get_eval_dataset` need to make task rows (an env whose tasks come from the
+user's own dataset can leave it out).
 
 The episode loop, per-task padding and failure recording live in
 :mod:`hf_rollouts.rollout`; :meth:`~MultistepEnv._run_complete_episode` and
@@ -69,6 +70,8 @@ class MultistepEnv(ABC):
     * ``seed`` (int): seeds task generation (:meth:`get_train_dataset`).
     * ``step_timeout`` / ``episode_timeout`` (float >= 0 | None): override the run's time limits
       (read by the scheduler).
+    * ``chat_template_kwargs`` (dict): options for every chat-template render, e.g.
+      ``{"enable_thinking": false}`` (see :class:`~hf_rollouts.chat.ChatDelta`).
     """
 
     name: ClassVar[str] = ""
@@ -89,7 +92,7 @@ class MultistepEnv(ABC):
         self.max_episode_tokens: int | None = self.config.max_episode_tokens
         self.reward_placement: str = self.config.reward_placement
         self.seed: int = self.config.seed
-        self.chat = ChatDelta(tokenizer)
+        self.chat = ChatDelta(tokenizer, template_kwargs=self.config.chat_template_kwargs or {}, tools=self._tools())
 
     @classmethod
     def parse_config(cls, env_config: dict[str, Any] | None, *, warn: bool = True) -> EnvConfig:
@@ -122,6 +125,13 @@ class MultistepEnv(ABC):
 
     def _system_prompt(self, state: Any) -> str | None:
         """Optional system message opening every episode (``env_config['system_prompt']`` wins)."""
+        return None
+
+    def _tools(self) -> list[dict[str, Any]] | None:
+        """Optional JSON schemas of the env's tools, passed as ``tools=`` to the chat template's first render.
+
+        Called by ``MultistepEnv.__init__``: it may read ``self.env_config``, not attributes a subclass sets later.
+        """
         return None
 
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:

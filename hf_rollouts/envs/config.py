@@ -123,6 +123,9 @@ class EnvConfig:
     episode_timeout: float | None = option(
         None, "Seconds one whole episode may take (overrides the run's episode_timeout; 0: no limit).", ge=0
     )
+    chat_template_kwargs: dict | None = option(
+        None, "Options for every chat-template render, e.g. {'enable_thinking': false} (see hf_rollouts.chat)."
+    )
 
     extra_keys_allowed: ClassVar[bool] = False
     """True when the environment passes undeclared keys on (no unknown-key warning)."""

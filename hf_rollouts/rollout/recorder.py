@@ -4,8 +4,8 @@
 sequence, so the token-level contracts are enforced in one spot:
 
 * environment text enters as chat-template deltas (:class:`~hf_rollouts.chat.ChatDelta`);
-* agent ids enter exactly as the agent sampled them (text-only agents' text is
-  tokenized once);
+* agent ids enter exactly as the agent sampled them (a text-only agent's text is
+  tokenized once, inside the template's assistant framing);
 * a step's reward is put on that step's agent tokens (see :data:`REWARD_PLACEMENTS`).
 
 It also refuses what would be stored silently wrong, by raising before anything is
@@ -82,6 +82,7 @@ class EpisodeRecorder:
         self.messages: list[Message] = []
         self.turns: list[Turn] = []
         self._last_agent_ids: list[int] = []
+        self._last_ended = False  # did the last agent turn end with an end-of-turn token (see ChatDelta)
         self.cut_turns = 0  # agent turns that hit the token budget before an end-of-turn token
 
     def _append(
@@ -118,7 +119,7 @@ class EpisodeRecorder:
             if system:
                 raise ValueError("A system prompt can only open an episode.")
             self.messages.append({"role": "user", "content": content})
-            self._append(self.chat.user_delta_ids(content, self._last_agent_ids), agent=False)
+            self._append(self.chat.user_delta_ids(content, self._last_agent_ids, ended=self._last_ended), agent=False)
 
     def request(self, agent_state: Any, session_id: str) -> AgentRequest:
         return AgentRequest(
@@ -174,9 +175,10 @@ class EpisodeRecorder:
             logprobs = None if action.logprobs is None else [float(p) for p in action.logprobs]
             self._append(ids, agent=True, logprobs=logprobs, sampled=True)
         else:
-            ids = self.chat.encode(action.text)
+            ids = self.chat.assistant_turn_ids(action.text, stopped=action.stopped)  # with the template's framing
             self._append(ids, agent=True)
         self._last_agent_ids = ids
+        self._last_ended = self.chat.turn_ended(ids, action.stopped)
         self.messages.append({"role": "assistant", "content": action.text})
         self.turns.append(Turn(start=start, end=len(self.ids), action=action.text, reward=0.0))
         self.cut_turns += int(not action.stopped)

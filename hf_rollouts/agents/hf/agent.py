@@ -85,11 +85,14 @@ class TransformersAgent(Agent):
         self.seed, self.backend, self.reuse_kv = seed, backend, reuse_kv
         self.device = torch.device(device) if device is not None else process_state().device
         self.model = model.to(self.device).eval()
+        model_eos = self.model.generation_config.eos_token_id  # read before the config is replaced
         self._neutralize_generation_defaults()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
         self.chat = ChatDelta(tokenizer)
-        self.stop_ids = list(self.chat.stop_token_ids)
+        # stops: the tokenizer's eos, the template's end token, and the model's own eos list (Llama-3.1: <|eom_id|>)
+        model_eos = model_eos if isinstance(model_eos, list) else [] if model_eos is None else [model_eos]
+        self.stop_ids = list(dict.fromkeys([*self.chat.stop_token_ids, *map(int, model_eos)]))
         self.generate_calls = 0
         self.kv_reused_calls = 0
         self._kv: KVState | None = None
