@@ -1,7 +1,7 @@
 """Shard cache files that say what they are.
 
 :func:`~hf_rollouts.pipeline.generate_rollouts` writes each shard of a run to one Arrow
-stream file (``Dataset.from_file`` reads it). The file's schema metadata, under
+stream file (``Dataset.from_file`` and ``MemoryMappedTable.from_file`` read it). The file's schema metadata, under
 :data:`SHARD_METADATA_KEY`, holds the run fingerprint, the shard index and the task row
 range, so a file is reused only when it is exactly the shard it is named as: a file
 replaced by another shard, another run's file, or a truncated one does not check out
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from datasets import Dataset
+import pyarrow as pa
+from datasets.table import MemoryMappedTable
 
 SHARD_METADATA_KEY = b"hf_rollouts"
 """Arrow schema metadata key of a shard file: JSON ``{fingerprint, shard, num_shards, rows: [start, stop]}``."""
@@ -80,30 +81,29 @@ class ShardFile:
             warnings.warn(f"Shard cache file {self.path} is not reusable: {problem}. Redoing it.", stacklevel=3)
         return problem is None
 
-    def write(self, ds: Dataset) -> None:
-        """Write ``ds`` with this shard's metadata, atomically (temporary file, then rename)."""
-        import pyarrow as pa
-
-        table = ds.with_format("arrow")[:]
-        schema = table.schema.with_metadata(
-            {**(ds.features.arrow_schema.metadata or {}), SHARD_METADATA_KEY: json.dumps(self.metadata).encode()}
+    def write(self, table: pa.Table) -> None:
+        """Write ``table`` (a dataset's Arrow table: its schema metadata carries the features) with this shard's
+        metadata added, atomically (temporary file, then rename)."""
+        table = table.replace_schema_metadata(
+            {**(table.schema.metadata or {}), SHARD_METADATA_KEY: json.dumps(self.metadata).encode()}
         )
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-                writer.write_table(table.replace_schema_metadata(schema.metadata))
+            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
             os.replace(tmp, self.path)
         finally:
             tmp.unlink(missing_ok=True)
 
-    def load(self) -> Dataset:
+    def load(self) -> MemoryMappedTable:
+        """The shard's rows, memory-mapped; raises :class:`ShardCacheError` naming the file if it is unusable."""
         problem = self.problem() if self.path.is_file() else "it does not exist"
         if problem:
             raise ShardCacheError(
                 f"Shard cache file {self.path} (shard {self.index} of {self.num_shards}, task rows "
                 f"[{self.start}, {self.stop})) is unusable: {problem}. Delete it and run again to redo that shard."
             )
-        return Dataset.from_file(str(self.path))
+        return MemoryMappedTable.from_file(str(self.path))
 
 
 __all__ = ["SHARD_METADATA_KEY", "ShardCacheError", "ShardFile"]

@@ -60,12 +60,17 @@ class AgentRequest:
             stored ``full_token_ids``.
         agent_state: whatever the agent returned last turn (``None`` at turn 0).
         session_id: the episode's id, unique within a run.
+        seed: the sampling seed of this request, derived from (run seed, task row, rollout, turn) by
+            the pipeline (:func:`hf_rollouts.rollout.episode_jobs`), so it never depends on which
+            requests share a batch or when they are answered. ``None`` outside a seeded run: the
+            agent then draws from its own generator.
     """
 
     messages: list[Message]
     prompt_token_ids: list[int]
     agent_state: Any = None
     session_id: str = ""
+    seed: int | None = None
 
 
 @dataclass(frozen=True)

@@ -138,8 +138,9 @@ def validate_tasks(
     classes: dict[str, type[MultistepEnv]] = {}
     checked: set[tuple[str, str]] = set()
     warned: set[tuple[str, tuple[str, ...]]] = set()
-    columns = tasks.select_columns(list(TASK_COLUMNS))
-    for i, row in enumerate(columns):
+    columns = tasks.select_columns(list(TASK_COLUMNS))[:]  # decoded in one pass, not row by row
+    for i, values in enumerate(zip(*(columns[c] for c in TASK_COLUMNS))):
+        row = dict(zip(TASK_COLUMNS, values))
         for field in ("env_config", "task_data"):
             if not isinstance(row[field], dict):
                 raise TaskValidationError(

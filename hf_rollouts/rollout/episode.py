@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from ..agents.base import Agent
 from ..chat import ChatDelta
+from ..seeding import derive_seed
 from ..types import Action, AgentRequest, Episode
 from .recorder import EpisodeRecorder
 
@@ -76,11 +77,13 @@ def episode_steps(
     on_error: str = "record",
     clock: HookClock = _NO_CLOCK,
     recorder: EpisodeRecorder | None = None,
+    seed: int | None = None,
 ) -> Steps:
     """Play one episode of ``task_data``: yield each agent request, receive ``(action, agent_state)``, return the
     unpadded :class:`~hf_rollouts.types.Episode`. An exception thrown into the generator at a ``yield`` (the
     agent failed) is recorded like any other. ``recorder`` lets the caller keep a handle on the episode's tokens
-    (to record a partial trajectory if a hook never returns)."""
+    (to record a partial trajectory if a hook never returns). With ``seed`` (the episode's), turn ``t``'s request
+    carries the sampling seed ``derive_seed(seed, t)``."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     rec = recorder if recorder is not None else EpisodeRecorder(env.chat, env.reward_placement)
@@ -94,7 +97,8 @@ def episode_steps(
             rec.add_env_message(prompt, system=system if step == 0 else None)
             if env.max_episode_tokens and len(rec.ids) >= env.max_episode_tokens:
                 break
-            action, agent_state = yield rec.request(agent_state, session_id)
+            turn_seed = None if seed is None else derive_seed(seed, step)
+            action, agent_state = yield rec.request(agent_state, session_id, turn_seed)
             text = rec.add_action(action)
             state, reward, done, info = hook("_step_episode", env._step_episode, session_id, state, text)
             rec.reward_turn(reward, info)
@@ -110,10 +114,16 @@ def episode_steps(
 
 
 def run_episode(
-    env: EpisodeEnv, session_id: str, agent: Agent, task_data: dict[str, Any], *, on_error: str = "record"
+    env: EpisodeEnv,
+    session_id: str,
+    agent: Agent,
+    task_data: dict[str, Any],
+    *,
+    on_error: str = "record",
+    seed: int | None = None,
 ) -> Episode:
     """Play one episode synchronously with ``agent``; return it unpadded (see the module docstring)."""
-    steps = episode_steps(env, session_id, task_data, on_error=on_error)
+    steps = episode_steps(env, session_id, task_data, on_error=on_error, seed=seed)
     try:
         request = next(steps)
         while True:

@@ -121,12 +121,13 @@ class EpisodeRecorder:
             self.messages.append({"role": "user", "content": content})
             self._append(self.chat.user_delta_ids(content, self._last_agent_ids, ended=self._last_ended), agent=False)
 
-    def request(self, agent_state: Any, session_id: str) -> AgentRequest:
+    def request(self, agent_state: Any, session_id: str, seed: int | None = None) -> AgentRequest:
         return AgentRequest(
             messages=list(self.messages),
             prompt_token_ids=list(self.ids),
             agent_state=agent_state,
             session_id=session_id,
+            seed=seed,
         )
 
     def _check_action(self, action: Any) -> None:

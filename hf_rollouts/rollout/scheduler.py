@@ -34,18 +34,21 @@ override: it runs in a thread of its own, its agent calls are routed through the
 
 from __future__ import annotations
 
+import gc
 import math
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..agents.base import Agent
-from ..types import Action, AgentRequest, Episode
+from ..seeding import derive_seed
+from ..types import Action, AgentRequest, Episode, reward_rule_violation
 from .episode import HookClock, Steps, episode_steps
 from .recorder import EpisodeRecorder
 
@@ -62,20 +65,37 @@ class PlaysEpisodes(Protocol):
 
 @dataclass(frozen=True)
 class EpisodeJob:
-    """One episode to play: which env, which task, which rollout."""
+    """One episode to play: which env, which task, which rollout, and its sampling seed (``None``: unseeded)."""
 
     env: PlaysEpisodes
     task_data: dict[str, Any]
     session_id: str
     order: int
+    seed: int | None = None
 
 
 def episode_jobs(
-    env: PlaysEpisodes, task_data_list: list[dict[str, Any]], num_rollouts: int, *, prefix: str = "", start: int = 0
+    env: PlaysEpisodes,
+    task_data_list: list[dict[str, Any]],
+    num_rollouts: int,
+    *,
+    prefix: str = "",
+    start: int = 0,
+    seed: int | None = None,
 ) -> list[EpisodeJob]:
-    """The ``len(task_data_list) * num_rollouts`` episodes of a trial, task-major."""
+    """The ``len(task_data_list) * num_rollouts`` episodes of a trial, task-major.
+
+    With ``seed``, episode ``(t, r)`` gets the seed ``derive_seed(seed, t, r)`` and its turn ``k`` the request
+    seed ``derive_seed(that, k)``: a function of the task and rollout only, not of scheduling.
+    """
     return [
-        EpisodeJob(env, task, f"{prefix}task{t}/rollout{r}", start + t * num_rollouts + r)
+        EpisodeJob(
+            env,
+            task,
+            f"{prefix}task{t}/rollout{r}",
+            start + t * num_rollouts + r,
+            None if seed is None else derive_seed(seed, t, r),
+        )  # fmt: skip
         for t, task in enumerate(task_data_list)
         for r in range(num_rollouts)
     ]
@@ -103,6 +123,9 @@ class _Live:
         self.request: AgentRequest | None = None
 
 
+LIMIT_KEYS = ("step_timeout", "episode_timeout")
+
+
 def _limit(job: EpisodeJob, key: str, default: float | None) -> float | None:
     value = job.env.env_config.get(key, default) if hasattr(job.env, "env_config") else default
     return float(value) if value else None
@@ -126,9 +149,9 @@ class _Engine:
             limits,
         )
         self.per_request = bool(getattr(agent, "answers_per_request", False))
-        self.policing = any(limits) or any(
-            _limit(j, "step_timeout", None) or _limit(j, "episode_timeout", None) for j in jobs
-        )  # watch the clock only when some limit applies
+        every = [_limit(j, key, default) for j in jobs for key, default in zip(LIMIT_KEYS, limits)]
+        self.floor = min((x for x in every if x), default=math.inf)  # nothing started later ends sooner than this
+        self.policing = not math.isinf(self.floor)
         self.todo = deque(jobs)
         self.results: list[dict[str, Any] | None] = [None] * len(jobs)
         self.remaining = len(jobs)
@@ -136,7 +159,10 @@ class _Engine:
         self.ready: deque[tuple[_Live, Any]] = deque()
         self.parked: list[_Live] = []
         self.waiting: set[_Live] = set()
-        self.cond = threading.Condition()
+        self.alive: set[_Live] = set()
+        lock = threading.RLock()
+        self.cond = threading.Condition(lock)  # the driver waits on it for work
+        self.watch = threading.Condition(lock)  # the watchdog waits on it for the run's end or a deadline
         self.epoch = 0
         self.running: _Live | None = None
 
@@ -150,7 +176,7 @@ class _Engine:
             with self.cond:
                 if self.epoch == epoch:
                     self.failure = self.failure or exc
-                    self.cond.notify_all()
+                    self.watch.notify_all()
 
     def _drive(self, epoch: int) -> None:
         while True:
@@ -161,7 +187,9 @@ class _Engine:
                 while self.todo and self.live < self.cap:
                     job = self.todo.popleft()
                     self.live += 1
-                    self.ready.append((self._start(job), _START))
+                    live = self._start(job)
+                    self.alive.add(live)
+                    self.ready.append((live, _START))
                 if self.ready:
                     live, value = self.ready.popleft()
                     self.running = live
@@ -189,7 +217,13 @@ class _Engine:
         if getattr(door, "engine_door", False):
             recorder = EpisodeRecorder(job.env.chat, job.env.reward_placement)
             steps = episode_steps(
-                job.env, job.session_id, job.task_data, on_error=self.on_error, clock=clock, recorder=recorder
+                job.env,
+                job.session_id,
+                job.task_data,
+                on_error=self.on_error,
+                clock=clock,
+                recorder=recorder,
+                seed=job.seed,
             )
             return _Live(job, steps, recorder, clock, limits)
         return _Live(job, _custom_door(job, self.on_error), None, clock, limits)
@@ -249,7 +283,9 @@ class _Engine:
             self.results[live.job.order] = episode
             self.remaining -= 1
             self.live -= 1
-            self.cond.notify_all()
+            self.alive.discard(live)
+            if not self.remaining:
+                self.watch.notify_all()
         if self.on_episode_end is not None:
             self.on_episode_end()
 
@@ -258,7 +294,7 @@ class _Engine:
         self._spawn()
         with self.cond:
             while self.remaining and self.failure is None:
-                self.cond.wait(timeout=self._next_check())
+                self.watch.wait(timeout=self._next_check(time.monotonic()))
                 self._police(time.monotonic())
             failure = self.failure
             self.epoch += 1  # any driver still running stops at its next step
@@ -268,12 +304,26 @@ class _Engine:
         return self.results  # type: ignore[return-value]
 
     def _spawn(self) -> None:
+        _DRIVERS.run(self.drive, self.epoch)
 
-        name = f"hf-rollouts-driver-{self.epoch}"
-        threading.Thread(target=self.drive, args=(self.epoch,), name=name, daemon=True).start()
+    def _next_check(self, now: float) -> float | None:
+        """Under the lock: seconds until the earliest moment a limit could be passed (None: no limits).
 
-    def _next_check(self) -> float | None:
-        return 0.05 if self.policing else None
+        The watchdog sleeps until then instead of polling: a wake-up takes the GIL from the driver, which cost
+        several percent with a fast agent. A hook or an episode that starts later cannot run over before
+        ``floor`` (the smallest limit) from now; a live episode's deadline counts once it lies ahead (a past
+        one is enforced when the episode next runs or, while it waits for a per-request agent, right now).
+        """
+        if not self.policing:
+            return None
+        wake = now + self.floor
+        wake = min([wake, *(x.deadline for x in self.alive if x.deadline > now)])
+        live = self.running
+        if live is not None and live.clock.hook is not None and live.step_limit:
+            wake = min(wake, live.clock.since + live.step_limit)
+        if any(now > x.deadline for x in self.waiting):
+            wake = now
+        return None if math.isinf(wake) else max(0.0, wake - now) + 0.001
 
     def _police(self, now: float) -> None:
         """Under the lock: end episodes past their limits (see the module docstring)."""
@@ -297,9 +347,45 @@ class _Engine:
         self.results[live.job.order] = _timeout_episode(live, message)
         self.remaining -= 1
         self.live -= 1
+        self.alive.discard(live)
         if self.on_episode_end is not None:
             self.on_episode_end()
         self._spawn()  # ... and carry on without it
+
+
+class _DriverThreads:
+    """Daemon threads that drive runs, kept idle between runs and reused.
+
+    A run's driver may be abandoned in a hung hook (see the module docstring); it rejoins the idle
+    ones only if the hook ever returns. Reusing threads matters with a fast agent: a new thread per
+    map batch cost about 5% of the run (measured with ``scripts/benchmark_endpoint.py``).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue] = []
+        self._count = 0
+
+    def run(self, drive: Callable[[int], None], epoch: int) -> None:
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+            if inbox is None:
+                self._count += 1
+                inbox = queue.SimpleQueue()
+                name = f"hf-rollouts-driver-{self._count}"
+                threading.Thread(target=self._serve, args=(inbox,), name=name, daemon=True).start()
+        inbox.put((drive, epoch))
+
+    def _serve(self, inbox: queue.SimpleQueue) -> None:
+        while True:
+            drive, epoch = inbox.get()
+            drive(epoch)
+            del drive  # hold no engine while idle
+            with self._lock:
+                self._idle.append(inbox)
+
+
+_DRIVERS = _DriverThreads()
 
 
 def _custom_door(job: EpisodeJob, on_error: str) -> Steps:
@@ -331,6 +417,12 @@ def _custom_door(job: EpisodeJob, on_error: str) -> Steps:
     while True:
         kind, value = outbox.get()
         if kind == "done":
+            problem = reward_rule_violation(value["status"], value["final_reward"], value["per_token_rewards"])
+            if problem:  # the engine's own episodes pass through the recorder, which enforces the rule
+                raise RuntimeError(
+                    f"episode {job.session_id} of {type(job.env).__name__} breaks the reward rule ({problem}); "
+                    "an environment must not override _run_complete_episode to bypass the recorder."
+                )
             return value
         if kind == "raise":
             raise value
@@ -360,6 +452,39 @@ def run_episodes(
         return []
     cap = len(jobs) if max_concurrency is None else max(1, max_concurrency)
     try:
-        return _Engine(jobs, agent, cap, on_error, on_episode_end, (step_timeout, episode_timeout)).run()
+        with _heap_frozen():
+            return _Engine(jobs, agent, cap, on_error, on_episode_end, (step_timeout, episode_timeout)).run()
     finally:
         agent.episodes_done()
+
+
+_frozen_lock = threading.Lock()
+_frozen_runs = 0
+
+
+@contextmanager
+def _heap_frozen() -> Iterator[None]:
+    """Keep the garbage collector off the objects that existed before the run, for the run's duration.
+
+    Many live episodes keep many objects alive at once, which makes CPython run full collections; each one
+    scans the whole process heap (torch, transformers, datasets: about 0.25 s here), and with a fast agent
+    they were the engine's largest overhead. :func:`gc.freeze` moves the existing objects out of the
+    collector's view; :func:`gc.unfreeze` at the end gives them back, so garbage among them is still
+    collected, just after the run. Runs may nest or overlap (the first freezes, the last unfreezes), and
+    nothing is done when the caller froze the heap already or disabled the collector.
+    """
+    global _frozen_runs
+    with _frozen_lock:
+        mine = _frozen_runs > 0 or (gc.isenabled() and gc.get_freeze_count() == 0)
+        if mine:
+            if _frozen_runs == 0:
+                gc.freeze()
+            _frozen_runs += 1
+    try:
+        yield
+    finally:
+        if mine:
+            with _frozen_lock:
+                _frozen_runs -= 1
+                if _frozen_runs == 0:
+                    gc.unfreeze()

@@ -9,6 +9,12 @@ id, before top-p filtering — the quantity a PPO/GRPO trainer recomputes for th
 importance ratio. With ``temperature == 0`` (greedy) the logits are not scaled.
 The ``continuous`` backend reports transformers' own log-probabilities; at
 temperature 1 both backends match a teacher-forced forward pass (tested).
+
+Seeds: the ``generate`` backend samples each request with a generator of its own, seeded by
+``request.seed`` (the pipeline derives it from run seed, task row, rollout and turn) or, for a
+request without one, by a draw from the agent's generator (:meth:`set_seed`). A request's draws
+therefore never depend on the batch it shares, and the global torch RNG is never touched. The
+``continuous`` backend cannot be seeded per request; it uses torch's global generator.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from ..base import Agent
 from ..sampling import SamplingConfig
 from .backends import generate_continuous, generate_padded
 from .kv_cache import KVState, kv_reuse_unsafe_reason, reusable_rows
+from .sampler import RowSampler
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +150,11 @@ class TransformersAgent(Agent):
         self._kv = None  # free the batch's KV cache (e.g. before an optimizer step)
 
     def set_seed(self, seed: int) -> None:
-        torch.manual_seed(seed)
+        """Seed the draws of requests that carry no seed of their own (and, for the ``continuous`` backend, whose
+        sampling cannot be seeded per request, torch's global generator)."""
+        self._rng = torch.Generator().manual_seed(seed)
+        if self.backend == "continuous":
+            torch.manual_seed(seed)
         self._kv = None  # new episodes (and perhaps new weights): never reuse KV computed before
 
     def get_action(self, messages: list[Message], agent_state: Any = None) -> tuple[Action, Any]:
@@ -200,13 +211,14 @@ class TransformersAgent(Agent):
             sampled, self._kv = generate_padded(
                 self.model,
                 requests,
-                self._generation_config(),
+                self._generation_config(seeded=True),
                 temperature=self.sampling.temperature,
                 pad_id=self.tokenizer.pad_token_id,
                 kv=kv,
                 rows=rows,
                 keep_kv=self.reuse_kv,
                 stop_len=self._stop_len,
+                sampler=self._sampler(requests),
             )
         out = []
         for request, (ids, logprobs) in zip(requests, sampled):
@@ -257,9 +269,20 @@ class TransformersAgent(Agent):
         return getattr(self.model.config, "max_position_embeddings", None)
 
     # -- generation ----------------------------------------------------------
-    def _generation_config(self) -> GenerationConfig:
+    def _sampler(self, requests: list[AgentRequest]) -> RowSampler | None:
+        """Per-request seeded sampling (``generate`` backend): a request's seed, else a draw of the agent's own."""
+        if self.sampling.temperature == 0:
+            return None
+        seeds = [
+            r.seed if r.seed is not None else int(torch.randint(2**31 - 1, (1,), generator=self._rng)) for r in requests
+        ]
+        return RowSampler(seeds, self.sampling.temperature, self.sampling.top_p, self.device)
+
+    def _generation_config(self, seeded: bool = False) -> GenerationConfig:
+        """The ``GenerationConfig`` of one call. ``seeded``: the ``generate`` backend's, where a
+        :class:`~.sampler.RowSampler` draws the tokens and ``generate`` only takes them (greedy)."""
         s = self.sampling
-        greedy = s.temperature == 0
+        greedy = s.temperature == 0 or seeded
         return GenerationConfig(
             do_sample=not greedy,
             temperature=None if greedy else s.temperature,

@@ -17,6 +17,7 @@ from transformers import GenerationConfig, PreTrainedModel
 
 from ...types import AgentRequest
 from .kv_cache import KVState, extend, left_pad
+from .sampler import RowSampler
 
 Sampled = list[tuple[list[int], list[float]]]
 
@@ -33,12 +34,15 @@ def generate_padded(
     rows: list[int] | None,
     keep_kv: bool,
     stop_len: Callable[[list[int]], int],
+    sampler: RowSampler | None = None,
 ) -> tuple[Sampled, KVState | None]:
     """One batched ``generate`` for ``requests``; returns the samples and the cache to keep.
 
     With ``rows`` (from :func:`~.kv_cache.reusable_rows`) the call continues from ``kv`` and
     prefills only each episode's new ids. With ``keep_kv`` the new cache is returned for the
     next turn; ``stop_len`` gives how many sampled ids of a row are real (up to its stop).
+    With ``sampler`` (:class:`~.sampler.RowSampler`, for a greedy ``config``) each row samples with its
+    own seeded generator; without it ``config`` samples with torch's global generator.
     """
     device = model.device
     prompts = [r.prompt_token_ids for r in requests]
@@ -48,7 +52,13 @@ def generate_padded(
     else:
         input_ids, attention, cache = extend(kv, rows, prompts, pad_id, device)
     width = input_ids.shape[1]
-    out = model.generate(input_ids=input_ids, attention_mask=attention, past_key_values=cache, generation_config=config)
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention,
+        past_key_values=cache,
+        generation_config=config,
+        logits_processor=None if sampler is None else [sampler],
+    )
     new = out.sequences[:, width:]
     logits = torch.stack(out.logits, dim=1).float()  # [batch, new, vocab]
     if temperature > 0:

@@ -25,9 +25,11 @@ it and :mod:`hf_rollouts.training` refuses to mix conventions.
 answer without usable content or ids, is returned as :class:`OpenAIRequestError` in its slot of
 ``act_batch``, so only that episode is recorded as ``error``.
 
-**Seeds.** With ``seed`` set, every request carries its own seed, derived from ``seed``, the
-last :meth:`set_seed`, the episode's ``session_id`` and the turn: rollouts of one task sample
-differently, and a rerun sends the same seeds (whether the server honours them is up to it).
+**Seeds.** With ``seed`` set, every request carries its own seed, derived from ``seed`` and the
+request's own seed (the pipeline's ``(run seed, task row, rollout, turn)``; outside a seeded run,
+the last :meth:`set_seed`, the episode's ``session_id`` and the turn): rollouts of one task sample
+differently, a rerun sends the same seeds whatever the batching or the answer order, and whether
+the server honours them is up to it.
 
 ``stats`` counts requests, attempts, retries, failures, token-exact answers, prompts the server
 echoed and that matched (``prompts_verified``), text fallbacks, token mismatches and probe requests.
@@ -342,6 +344,8 @@ class OpenAIChatAgent(Agent):
         """The seed sent with ``request``: distinct per run seed, episode and turn."""
         if self.settings.seed is None:
             return None
+        if request.seed is not None:
+            return derive_seed(self.settings.seed, request.seed) & 0x7FFFFFFF
         return derive_seed(self.settings.seed, self._run_seed, request.session_id, len(request.messages)) & 0x7FFFFFFF
 
     def request_body(self, request: AgentRequest) -> dict[str, Any]:
