@@ -189,19 +189,6 @@ def _make_tasks(
     return instance.get_eval_dataset(num_tasks) if split == "eval" else instance.get_train_dataset(num_tasks)
 
 
-def _with_template_kwargs(tasks, kwargs: dict[str, Any]):
-    """Tasks whose env_config['chat_template_kwargs'] is updated with ``kwargs`` (the flag wins over the row)."""
-    if not kwargs:
-        return tasks
-
-    def merge(row: dict[str, Any]) -> dict[str, Any]:
-        config = dict(row["env_config"] or {})
-        config["chat_template_kwargs"] = {**(config.get("chat_template_kwargs") or {}), **kwargs}
-        return {"env_config": config}
-
-    return tasks.map(merge, features=tasks.features, desc="chat_template_kwargs")
-
-
 def cmd_tasks(argv: list[str]) -> int:
     (args,) = HfArgumentParser([TasksArgs], prog="hf-rollouts tasks").parse_args_into_dataclasses(argv)
     _check_output(args.output, args.overwrite)
@@ -237,7 +224,6 @@ def cmd_generate(argv: list[str]) -> int:
         if args.env
         else load_dataset_source(args.tasks)
     )
-    tasks = _with_template_kwargs(tasks, _json_dict(args.chat_template_kwargs, "--chat-template-kwargs"))
     agent = load_agent(
         args.model,
         sampling,
@@ -265,6 +251,7 @@ def cmd_generate(argv: list[str]) -> int:
             allowed_env_modules=args.allow_env_module,
             allowed_env_models=args.allow_env_model,
             cache_dir=args.cache_dir,
+            chat_template_kwargs=_json_dict(args.chat_template_kwargs, "--chat-template-kwargs"),
             **run,
         )
     except OpenAIRequestError as exc:  # e.g. the server cannot be reached to negotiate a mode

@@ -44,8 +44,6 @@ same for any ``N``, so the result equals a one-process run.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import math
 import warnings
 from collections.abc import Iterable
@@ -53,21 +51,20 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-import datasets
 import pyarrow as pa
-from datasets import Dataset, DatasetInfo, Features, concatenate_datasets
+from datasets import Dataset, DatasetInfo, Features
 from datasets.table import concat_tables
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from ._version import __version__
 from .agents.base import Agent
 from .distributed import process_state
 from .envs.base import MultistepEnv
 from .envs.config import UnknownConfigKeyWarning
 from .envs.registry import validate_tasks
+from .fingerprint import canonical, rollout_fingerprint
 from .rollout import episode_jobs, pad_task, run_episodes
-from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TASK_FEATURES, TaskValidationError
+from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_task_dataset
 from .seeding import derive_seed
 from .shard_cache import ShardCacheError, ShardFile
 
@@ -76,22 +73,6 @@ def default_rollout_cache_dir() -> Path:
     from .tiny_model import default_cache_dir
 
     return default_cache_dir() / "rollouts"
-
-
-def _canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, default=repr, separators=(",", ":"))
-
-
-def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
-    """A hash of the vocabulary, special tokens and chat template."""
-    payload = _canonical(
-        {
-            "vocab": sorted(tokenizer.get_vocab().items()),
-            "special": tokenizer.all_special_tokens,
-            "template": getattr(tokenizer, "chat_template", None),
-        }
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -158,7 +139,7 @@ class _EnvCache:
         return {f"{path}|{config}": env.fingerprint() for (path, config), env in sorted(self._envs.items())}
 
     def get(self, path: str, config: dict[str, Any]) -> MultistepEnv:
-        key = (path, _canonical(config))
+        key = (path, canonical(config))
         if key not in self._envs:
             with warnings.catch_warnings():  # validate_tasks already warned, naming the row
                 warnings.simplefilter("ignore", UnknownConfigKeyWarning)
@@ -232,56 +213,21 @@ class _Expander:
         return out
 
 
-def rollout_fingerprint(
-    tasks: Dataset,
-    agent: Agent,
-    tokenizer: PreTrainedTokenizerBase,
-    opts: RolloutOptions,
-    envs: dict[str, Any] | None = None,
-) -> str:
-    """Hash of everything that changes :func:`generate_rollouts`' output (``envs``: each env's fingerprint)."""
-    payload = _canonical(
-        {
-            "tasks": tasks._fingerprint,
-            "envs": envs or {},
-            "agent": agent.fingerprint(),
-            "tokenizer": tokenizer_fingerprint(tokenizer),
-            "options": {f.name: getattr(opts, f.name) for f in fields(opts)},
-            "hf_rollouts": __version__,
-        }
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:20]
-
-
-def as_task_dataset(tasks: Any) -> Dataset:
-    """``tasks`` as a :class:`~datasets.Dataset`: a Dataset as is; a list of task-row dicts or a
-    pandas DataFrame converted (``env_config``/``task_data`` kept exactly, as ``Json``; other
-    columns inferred). Anything else is a ``TypeError`` saying how to convert it."""
-    if isinstance(tasks, Dataset):
+def with_chat_template_kwargs(tasks: Dataset, kwargs: dict[str, Any] | None) -> Dataset:
+    """``tasks`` with ``kwargs`` merged into every row's ``env_config["chat_template_kwargs"]``; the run's keys win
+    over the row's. Precedence, lowest first: the env's defaults, the row's ``env_config``, the run's options
+    (``generate_rollouts(chat_template_kwargs=...)``, CLI ``--chat-template-kwargs``)."""
+    if not kwargs:
         return tasks
-    if type(tasks).__module__.startswith("pandas") and hasattr(tasks, "to_dict"):
-        rows = tasks.to_dict("records")
-    elif isinstance(tasks, (list, tuple)):
-        rows = list(tasks)
-    else:
-        hint = " Pick a split first, e.g. tasks['train']." if isinstance(tasks, datasets.DatasetDict) else ""
-        raise TypeError(
-            f"tasks must be a datasets.Dataset, a list of task-row dicts or a pandas DataFrame, got "
-            f"{type(tasks).__name__}.{hint} Build a Dataset with hf_rollouts.schema.to_task_dataset(rows) or "
-            "an env's get_train_dataset()."
-        )
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise TaskValidationError(
-                f"row {i} is a {type(row).__name__}, not a dict; a task row is "
-                "{'env_class_path': str, 'env_config': dict, 'task_data': dict}."
-            )
-    core = Dataset.from_list([{c: row.get(c) for c in TASK_COLUMNS} for row in rows], features=TASK_FEATURES)
-    extra_names = sorted({k for row in rows for k in row if k not in TASK_COLUMNS})
-    if not extra_names or not rows:
-        return core
-    extra = Dataset.from_dict({k: [row.get(k) for row in rows] for k in extra_names})
-    return concatenate_datasets([core, extra], axis=1)
+    if not isinstance(kwargs, dict):
+        raise TypeError(f"chat_template_kwargs must be a dict of template options, got {type(kwargs).__name__}.")
+
+    def merge(row: dict[str, Any]) -> dict[str, Any]:
+        config = dict(row["env_config"] or {})
+        config["chat_template_kwargs"] = {**(config.get("chat_template_kwargs") or {}), **kwargs}
+        return {"env_config": config}
+
+    return tasks.map(merge, features=tasks.features, desc="chat_template_kwargs")
 
 
 def generate_rollouts(
@@ -295,6 +241,7 @@ def generate_rollouts(
     cache_dir: str | Path | None = None,
     load_from_cache_file: bool = True,
     progress: bool = True,
+    chat_template_kwargs: dict[str, Any] | None = None,
     **options: Any,
 ) -> Dataset:
     """Expand a task dataset into a rollout dataset (one row per task, see :data:`~hf_rollouts.schema.ROLLOUT_COLUMNS`).
@@ -314,6 +261,10 @@ def generate_rollouts(
         cache_dir: where shard files go (default ``~/.cache/hf_rollouts/rollouts``).
         load_from_cache_file: reuse finished shards of an identical earlier call.
         progress: show a progress bar over episodes.
+        chat_template_kwargs: options for every chat-template render of the run (e.g.
+            ``{"enable_thinking": False}``), merged into each row's ``env_config["chat_template_kwargs"]``;
+            these keys win over the row's. The output rows record what was rendered (see
+            :func:`with_chat_template_kwargs`).
         **options: the other fields of :class:`RolloutOptions` (``seed``, ``batch_size``,
             ``shard_size``, ``max_concurrency``, ``on_error``), with its defaults.
 
@@ -323,7 +274,7 @@ def generate_rollouts(
             column, before any generation (``on_error`` does not apply to bad input).
         ShardCacheError: when a shard file written by another process does not check out.
     """
-    tasks = as_task_dataset(tasks)
+    tasks = with_chat_template_kwargs(as_task_dataset(tasks), chat_template_kwargs)
     if len(tasks) == 0:
         raise ValueError(
             "The task dataset is empty: nothing to play. Make tasks with an env's get_train_dataset() or "
@@ -422,4 +373,11 @@ def _rollout_schema() -> pa.Schema:
     return ROLLOUT_FEATURES.arrow_schema
 
 
-__all__ = ["RolloutOptions", "ShardCacheError", "as_task_dataset", "generate_rollouts", "rollout_fingerprint"]
+__all__ = [
+    "RolloutOptions",
+    "ShardCacheError",
+    "as_task_dataset",
+    "generate_rollouts",
+    "rollout_fingerprint",
+    "with_chat_template_kwargs",
+]

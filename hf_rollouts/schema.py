@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Union
 
-from datasets import Dataset, Features, Json, List, Value
+from datasets import Dataset, DatasetDict, Features, Json, List, Value, concatenate_datasets
 
 TASK_COLUMNS = ("env_class_path", "env_config", "task_data")
 TASK_FEATURES = Features({"env_class_path": Value("string"), "env_config": Json(), "task_data": Json()})
@@ -157,3 +157,34 @@ def require_columns(ds: Dataset, columns: tuple[str, ...] = TRAINING_COLUMNS) ->
 def to_task_dataset(rows: list[dict[str, Any]]) -> Dataset:
     """Build a task dataset with the canonical features from a list of task-row dicts."""
     return Dataset.from_list(rows, features=TASK_FEATURES)
+
+
+def as_task_dataset(tasks: Any) -> Dataset:
+    """``tasks`` as a :class:`~datasets.Dataset`: a Dataset as is; a list of task-row dicts or a
+    pandas DataFrame converted (``env_config``/``task_data`` kept exactly, as ``Json``; other
+    columns inferred). Anything else is a ``TypeError`` saying how to convert it."""
+    if isinstance(tasks, Dataset):
+        return tasks
+    if type(tasks).__module__.startswith("pandas") and hasattr(tasks, "to_dict"):
+        rows = tasks.to_dict("records")
+    elif isinstance(tasks, (list, tuple)):
+        rows = list(tasks)
+    else:
+        hint = " Pick a split first, e.g. tasks['train']." if isinstance(tasks, DatasetDict) else ""
+        raise TypeError(
+            f"tasks must be a datasets.Dataset, a list of task-row dicts or a pandas DataFrame, got "
+            f"{type(tasks).__name__}.{hint} Build a Dataset with hf_rollouts.schema.to_task_dataset(rows) or "
+            "an env's get_train_dataset()."
+        )
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise TaskValidationError(
+                f"row {i} is a {type(row).__name__}, not a dict; a task row is "
+                "{'env_class_path': str, 'env_config': dict, 'task_data': dict}."
+            )
+    core = Dataset.from_list([{c: row.get(c) for c in TASK_COLUMNS} for row in rows], features=TASK_FEATURES)
+    extra_names = sorted({k for row in rows for k in row if k not in TASK_COLUMNS})
+    if not extra_names or not rows:
+        return core
+    extra = Dataset.from_dict({k: [row.get(k) for row in rows] for k in extra_names})
+    return concatenate_datasets([core, extra], axis=1)

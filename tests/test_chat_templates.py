@@ -406,11 +406,12 @@ def test_cli_check_template_on_a_saved_tokenizer(tokenizer, tmp_path, capsys):
 def test_cli_chat_template_kwargs_go_into_each_rows_env_config_and_win(tmp_path):
     from datasets import load_from_disk
 
-    from hf_rollouts.cli import _with_template_kwargs, main
+    from hf_rollouts.cli import main
+    from hf_rollouts.pipeline import with_chat_template_kwargs
     from hf_rollouts.schema import to_task_dataset
 
     rows = [{"env_class_path": "x.Y", "env_config": {"chat_template_kwargs": {"a": 0, "b": 2}}, "task_data": {}}]
-    merged = _with_template_kwargs(to_task_dataset(rows), {"a": 1})
+    merged = with_chat_template_kwargs(to_task_dataset(rows), {"a": 1})
     assert merged[0]["env_config"]["chat_template_kwargs"] == {"a": 1, "b": 2}  # the flag wins over the row
     args = ["generate", "--env", "guess_number", "--num-tasks", "1", "--num-rollouts", "1", "--max-new-tokens", "4"]
     args += ["--chat-template-kwargs", '{"enable_thinking": false}', "--output", str(tmp_path / "g")]

@@ -2,7 +2,9 @@
 
 * :mod:`.recorder` — :class:`EpisodeRecorder`, the only place that appends tokens to an episode;
 * :mod:`.episode` — :func:`run_episode`, the loop of one episode;
-* :mod:`.scheduler` — :func:`run_episodes`, many episodes at once sharing the agent's calls;
+* :mod:`.jobs` — :class:`EpisodeJob` / :func:`episode_jobs`: which episodes to play, with their seeds;
+* :mod:`.scheduler` — :func:`run_episodes`, many episodes at once, each advancing as its answer arrives;
+* :mod:`.threads` — the scheduler's reusable driver threads and its garbage-collector setting;
 * :mod:`.padding` — :func:`pad_task`, per-task padding into the rollout columns.
 
 Nothing here imports an environment module: environments are used through the hooks
@@ -10,9 +12,10 @@ Nothing here imports an environment module: environments are used through the ho
 """
 
 from .episode import EpisodeEnv, run_episode
+from .jobs import EpisodeJob, episode_jobs
 from .padding import pad_groups, pad_task
 from .recorder import REWARD_PLACEMENTS, EpisodeRecorder
-from .scheduler import EpisodeJob, episode_jobs, run_episodes
+from .scheduler import run_episodes
 
 __all__ = [
     "REWARD_PLACEMENTS",

@@ -34,71 +34,20 @@ override: it runs in a thread of its own, its agent calls are routed through the
 
 from __future__ import annotations
 
-import gc
 import math
-import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ..agents.base import Agent
-from ..seeding import derive_seed
-from ..types import Action, AgentRequest, Episode, reward_rule_violation
+from ..types import AgentRequest, Episode
 from .episode import HookClock, Steps, episode_steps
+from .jobs import EpisodeJob, custom_door
 from .recorder import EpisodeRecorder
-
-
-class PlaysEpisodes(Protocol):
-    """An environment as the engine sees it: its config and its door to one episode."""
-
-    env_config: dict[str, Any]
-
-    def _run_complete_episode(
-        self, session_id: str, agent: Agent, task_data: dict[str, Any], *, on_error: str = ...
-    ) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True)
-class EpisodeJob:
-    """One episode to play: which env, which task, which rollout, and its sampling seed (``None``: unseeded)."""
-
-    env: PlaysEpisodes
-    task_data: dict[str, Any]
-    session_id: str
-    order: int
-    seed: int | None = None
-
-
-def episode_jobs(
-    env: PlaysEpisodes,
-    task_data_list: list[dict[str, Any]],
-    num_rollouts: int,
-    *,
-    prefix: str = "",
-    start: int = 0,
-    seed: int | None = None,
-) -> list[EpisodeJob]:
-    """The ``len(task_data_list) * num_rollouts`` episodes of a trial, task-major.
-
-    With ``seed``, episode ``(t, r)`` gets the seed ``derive_seed(seed, t, r)`` and its turn ``k`` the request
-    seed ``derive_seed(that, k)``: a function of the task and rollout only, not of scheduling.
-    """
-    return [
-        EpisodeJob(
-            env,
-            task,
-            f"{prefix}task{t}/rollout{r}",
-            start + t * num_rollouts + r,
-            None if seed is None else derive_seed(seed, t, r),
-        )  # fmt: skip
-        for t, task in enumerate(task_data_list)
-        for r in range(num_rollouts)
-    ]
+from .threads import DRIVERS, heap_frozen
 
 
 class EpisodeTimeout(Exception):
@@ -226,7 +175,7 @@ class _Engine:
                 seed=job.seed,
             )
             return _Live(job, steps, recorder, clock, limits)
-        return _Live(job, _custom_door(job, self.on_error), None, clock, limits)
+        return _Live(job, custom_door(job, self.on_error), None, clock, limits)
 
     def _advance(self, live: _Live, value: Any) -> AgentRequest | None:
         """Run ``live`` until its next request (returned) or its end (recorded, None)."""
@@ -304,7 +253,7 @@ class _Engine:
         return self.results  # type: ignore[return-value]
 
     def _spawn(self) -> None:
-        _DRIVERS.run(self.drive, self.epoch)
+        DRIVERS.run(self.drive, self.epoch)
 
     def _next_check(self, now: float) -> float | None:
         """Under the lock: seconds until the earliest moment a limit could be passed (None: no limits).
@@ -353,85 +302,6 @@ class _Engine:
         self._spawn()  # ... and carry on without it
 
 
-class _DriverThreads:
-    """Daemon threads that drive runs, kept idle between runs and reused.
-
-    A run's driver may be abandoned in a hung hook (see the module docstring); it rejoins the idle
-    ones only if the hook ever returns. Reusing threads matters with a fast agent: a new thread per
-    map batch cost about 5% of the run (measured with ``scripts/benchmark_endpoint.py``).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._idle: list[queue.SimpleQueue] = []
-        self._count = 0
-
-    def run(self, drive: Callable[[int], None], epoch: int) -> None:
-        with self._lock:
-            inbox = self._idle.pop() if self._idle else None
-            if inbox is None:
-                self._count += 1
-                inbox = queue.SimpleQueue()
-                name = f"hf-rollouts-driver-{self._count}"
-                threading.Thread(target=self._serve, args=(inbox,), name=name, daemon=True).start()
-        inbox.put((drive, epoch))
-
-    def _serve(self, inbox: queue.SimpleQueue) -> None:
-        while True:
-            drive, epoch = inbox.get()
-            drive(epoch)
-            del drive  # hold no engine while idle
-            with self._lock:
-                self._idle.append(inbox)
-
-
-_DRIVERS = _DriverThreads()
-
-
-def _custom_door(job: EpisodeJob, on_error: str) -> Steps:
-    """An env that overrides ``_run_complete_episode``: run the override in a thread of its own, and yield the
-    requests it makes so the engine answers them like any other."""
-    inbox: queue.SimpleQueue = queue.SimpleQueue()
-    outbox: queue.SimpleQueue = queue.SimpleQueue()
-
-    class _Relay(Agent):
-        def get_action(self, messages, agent_state=None):  # pragma: no cover - act is always used
-            raise NotImplementedError
-
-        def act(self, request: AgentRequest) -> tuple[Action, Any]:
-            outbox.put(("request", request))
-            kind, value = inbox.get()
-            if kind == "error":
-                raise value
-            return value
-
-    def play() -> None:
-        try:
-            outbox.put(
-                ("done", job.env._run_complete_episode(job.session_id, _Relay(), job.task_data, on_error=on_error))
-            )
-        except BaseException as exc:
-            outbox.put(("raise", exc))
-
-    threading.Thread(target=play, name=f"hf-rollouts-{job.session_id}", daemon=True).start()
-    while True:
-        kind, value = outbox.get()
-        if kind == "done":
-            problem = reward_rule_violation(value["status"], value["final_reward"], value["per_token_rewards"])
-            if problem:  # the engine's own episodes pass through the recorder, which enforces the rule
-                raise RuntimeError(
-                    f"episode {job.session_id} of {type(job.env).__name__} breaks the reward rule ({problem}); "
-                    "an environment must not override _run_complete_episode to bypass the recorder."
-                )
-            return value
-        if kind == "raise":
-            raise value
-        try:
-            inbox.put(("answer", (yield value)))
-        except Exception as exc:
-            inbox.put(("error", exc))
-
-
 def run_episodes(
     jobs: list[EpisodeJob],
     agent: Agent,
@@ -452,39 +322,7 @@ def run_episodes(
         return []
     cap = len(jobs) if max_concurrency is None else max(1, max_concurrency)
     try:
-        with _heap_frozen():
+        with heap_frozen():
             return _Engine(jobs, agent, cap, on_error, on_episode_end, (step_timeout, episode_timeout)).run()
     finally:
         agent.episodes_done()
-
-
-_frozen_lock = threading.Lock()
-_frozen_runs = 0
-
-
-@contextmanager
-def _heap_frozen() -> Iterator[None]:
-    """Keep the garbage collector off the objects that existed before the run, for the run's duration.
-
-    Many live episodes keep many objects alive at once, which makes CPython run full collections; each one
-    scans the whole process heap (torch, transformers, datasets: about 0.25 s here), and with a fast agent
-    they were the engine's largest overhead. :func:`gc.freeze` moves the existing objects out of the
-    collector's view; :func:`gc.unfreeze` at the end gives them back, so garbage among them is still
-    collected, just after the run. Runs may nest or overlap (the first freezes, the last unfreezes), and
-    nothing is done when the caller froze the heap already or disabled the collector.
-    """
-    global _frozen_runs
-    with _frozen_lock:
-        mine = _frozen_runs > 0 or (gc.isenabled() and gc.get_freeze_count() == 0)
-        if mine:
-            if _frozen_runs == 0:
-                gc.freeze()
-            _frozen_runs += 1
-    try:
-        yield
-    finally:
-        if mine:
-            with _frozen_lock:
-                _frozen_runs -= 1
-                if _frozen_runs == 0:
-                    gc.unfreeze()

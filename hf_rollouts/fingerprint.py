@@ -1,0 +1,54 @@
+"""Cache keys: a hash of everything that changes a rollout run's output."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import fields
+from typing import Any
+
+from datasets import Dataset
+from transformers import PreTrainedTokenizerBase
+
+from ._version import __version__
+from .agents.base import Agent
+
+
+def canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, default=repr, separators=(",", ":"))
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """A hash of the vocabulary, special tokens and chat template."""
+    payload = canonical(
+        {
+            "vocab": sorted(tokenizer.get_vocab().items()),
+            "special": tokenizer.all_special_tokens,
+            "template": getattr(tokenizer, "chat_template", None),
+        }
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def rollout_fingerprint(
+    tasks: Dataset,
+    agent: Agent,
+    tokenizer: PreTrainedTokenizerBase,
+    opts: Any,
+    envs: dict[str, Any] | None = None,
+) -> str:
+    """Hash of everything that changes :func:`~hf_rollouts.pipeline.generate_rollouts`' output: the input dataset's
+    fingerprint, each env's fingerprint (``envs``: source, data files), the agent's fingerprint (weights probe, sampling
+    settings, negotiated mode), the tokenizer, every field of ``opts`` (a
+    :class:`~hf_rollouts.pipeline.RolloutOptions`) and the library version."""
+    payload = canonical(
+        {
+            "tasks": tasks._fingerprint,
+            "envs": envs or {},
+            "agent": agent.fingerprint(),
+            "tokenizer": tokenizer_fingerprint(tokenizer),
+            "options": {f.name: getattr(opts, f.name) for f in fields(opts)},
+            "hf_rollouts": __version__,
+        }
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
