@@ -118,6 +118,12 @@ def test_template_options_are_validated_with_a_fix(tokenizer):
     assert ChatDelta(tokenizer, template_kwargs={"tools": [{"type": "function"}]}).tools == [{"type": "function"}]
 
 
+def test_tools_given_both_as_argument_and_in_template_kwargs_are_rejected(tokenizer):
+    """One list must not silently win over the other: the error says where to give them."""
+    with pytest.raises(ChatTemplateError, match=r"tools were given twice.*_tools\(\)"):
+        ChatDelta(tokenizer, template_kwargs={"tools": [{"type": "function"}]}, tools=[{"type": "function"}])
+
+
 def test_a_model_specific_stop_counts_only_when_the_agent_says_it_stopped(chatml_tokenizer):
     """A special id outside the template's end tokens (e.g. one of generation_config.eos_token_id) ends a turn
     when the agent reports stopping on it; a budget cut that happens to end on a special id does not."""

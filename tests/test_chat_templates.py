@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 import transformers.utils.chat_template_utils as chat_template_utils
+from tokenizers import AddedToken
 
 from hf_rollouts.agents.base import Agent
 from hf_rollouts.agents.scripted import ScriptedAgent
@@ -64,15 +65,21 @@ def frozen_date(monkeypatch):
     monkeypatch.setattr(chat_template_utils, "datetime", _FrozenDate)
 
 
-def family_tokenizer(base, name: str):
-    """The embedded tokenizer plus the family's special tokens, bos/eos, stop tokens and its template."""
+def family_tokenizer(base, name: str, *, listed: bool = True):
+    """The embedded tokenizer plus the family's special tokens, bos/eos, stop tokens and its template.
+
+    ``listed=False`` registers the tokens as a Hub ``tokenizer.json`` often does: added tokens with
+    ``special=True`` that no special-token list names (real Llama-3.1's ``<|eom_id|>`` and
+    ``<|end_of_text|>``), so ``tokenizer.all_special_ids`` does not hold them; only bos/eos are named.
+    """
     meta = FAMILIES[name]
     tok = copy.deepcopy(base)
     tokens = [*meta["special_tokens"], meta["bos_token"], meta["eos_token"], *meta["stop_tokens"]]
-    tokens += meta["generation_config_eos"]
-    tok.add_special_tokens(
-        {"extra_special_tokens": list(dict.fromkeys(t for t in tokens if t))}, replace_extra_special_tokens=False
-    )
+    tokens = list(dict.fromkeys(t for t in [*tokens, *meta["generation_config_eos"]] if t))
+    if listed:
+        tok.add_special_tokens({"extra_special_tokens": tokens}, replace_extra_special_tokens=False)
+    else:
+        tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
     if meta["bos_token"]:
         tok.bos_token = meta["bos_token"]
     tok.eos_token = meta["eos_token"]
@@ -191,6 +198,21 @@ def test_token_agent_ending_with_each_stop_token(tokenizer, recording, name, sto
     assert log[-1][0] == tok(expected, add_special_tokens=False)["input_ids"]
     stored = tok.decode(ep["full_token_ids"])
     assert stop + HISTORY_END[name] not in stored and HISTORY_END[name] + HISTORY_END[name] not in stored
+
+
+@pytest.mark.parametrize("stop", ["<|eom_id|>", "<|end_of_text|>"])
+def test_a_stop_that_is_only_an_added_special_token_ends_the_turn(tokenizer, recording, stop):
+    """Real Llama-3.1 registers <|eom_id|> and <|end_of_text|> as added special tokens that no special-token
+    list names. A turn the agent stopped on one of them has ended: no second end marker (<|eot_id|>) follows."""
+    tok = family_tokenizer(tokenizer, "llama3", listed=False)
+    stop_id = tok.convert_tokens_to_ids(stop)
+    assert stop_id not in tok.all_special_ids and tok.added_tokens_decoder[stop_id].special  # the Hub's layout
+    ep, log = play(tok, "llama3", TokenAgent(tok, "llama3", stop), recording)
+    check_prefixes(ep, log)
+    expected = expected_prompt(tok, "llama3", ep["messages"][:-1], stop)
+    assert tok.decode(log[-1][0]) == expected
+    assert log[-1][0] == tok(expected, add_special_tokens=False)["input_ids"]
+    assert stop + HISTORY_END["llama3"] not in tok.decode(ep["full_token_ids"])
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -385,6 +407,20 @@ def test_check_chat_template_sees_options_and_reports_a_defect(tokenizer):
     )
     report = check_chat_template(tok)
     assert not report.ok and "unexplained difference" in str(report) and "three" in str(report)
+
+
+@pytest.mark.parametrize("name", ["qwen2_5", "gpt_oss", "llama3"])
+def test_check_chat_template_keeps_an_answer_that_ends_with_an_end_token(tokenizer, monkeypatch, name):
+    """An answer whose text already ends with the end token gets no second one from assistant_turn_ids; the
+    check must still compare the whole answer (no real token cut), so no defect is reported."""
+    import hf_rollouts.chat.check as check_module
+    from hf_rollouts.chat import check_chat_template
+
+    tok = family_tokenizer(tokenizer, name)
+    monkeypatch.setattr(check_module, "_CHECK_ANSWERS", ("Is it 3?" + END_TOKEN[name], "Is it 7?"))
+    report = check_chat_template(tok)
+    assert report.ok, str(report)
+    assert set(report.rewrites) == EXPECTED_REWRITES.get(name, set()), str(report)
 
 
 def test_cli_check_template_on_a_saved_tokenizer(tokenizer, tmp_path, capsys):
