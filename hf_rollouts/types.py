@@ -13,6 +13,7 @@ contracts between the parts of the library can be read in one place:
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -31,8 +32,24 @@ The rule (:meth:`Episode.check` and the pipeline enforce it): an episode is
 finite per-token and final rewards."""
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def reward_rule_violation(status: str, final_reward: float, per_token_rewards: list[float]) -> str | None:
-    """What breaks the reward rule (see :data:`EPISODE_STATUSES`) for one episode, or ``None``."""
+    """What breaks the reward rule (see :data:`EPISODE_STATUSES`) for one episode, or ``None``.
+
+    A reward that is not a number (``None``, a string, a bool) breaks it too: it is reported
+    here rather than raised as a ``TypeError`` from ``math.isnan``.
+    """
+    if not _is_number(final_reward):
+        return (
+            f"status {status!r} with a non-numeric final reward {final_reward!r} ({type(final_reward).__name__}); "
+            "the final reward must be a float (NaN exactly for 'error' episodes)"
+        )
+    bad = next((r for r in per_token_rewards if type(r) is not float and not _is_number(r)), None)
+    if bad is not None:
+        return f"status {status!r} with a non-numeric per-token reward {bad!r} ({type(bad).__name__})"
     if (status == "error") != math.isnan(final_reward):
         return (
             f"status {status!r} with final reward {final_reward}: an episode is 'error' exactly when its final "

@@ -48,6 +48,43 @@ def test_card_contents(tokenizer, tmp_path):
     assert 'load_rollouts("user/rollouts"' in text and 'load_dataset("user/rollouts"' in text
 
 
+def test_card_describes_the_config_of_each_env_class(tokenizer, tmp_path):
+    import re
+    import sys
+
+    from hf_rollouts.envs.guess_number import GuessNumberEnv
+    from hf_rollouts.schema import to_task_dataset
+
+    guess = "hf_rollouts.envs.guess_number.GuessNumberEnv"
+    rows = MastermindEnv(tokenizer, {"max_turns": 2}).get_train_dataset(1).to_list() + [
+        {"env_class_path": guess, "env_config": config, "task_data": {"target": 3}}
+        for config in ({"high": 5, "system_prompt": "a|b"}, {})
+    ]
+    ds = generate_rollouts(to_task_dataset(rows), ScriptedAgent(["3"]), 1, tokenizer=tokenizer, cache_dir=tmp_path)
+    text = str(render_card(ds, agent_info={"model": "scripted"}, seed=0, pad_token_id=0))
+    sections = {s.split("`")[0]: s for s in text.split("### `")[1:]}
+    assert set(sections) == {"MastermindEnv", "GuessNumberEnv"}
+    for env in (MastermindEnv, GuessNumberEnv):  # every declared key: type, default and help, from describe()
+        for row in env.config_class.describe():
+            assert f"| `{row['key']}` | {row['type']} | `{row['default']}` |" in sections[env.__name__]
+            assert f"| {row['help']} |" in sections[env.__name__]
+    # the values used: set by every task, by some (the rest use the default), or by none
+    assert "| `max_turns` | int or None | `None` | `2` |" in sections["MastermindEnv"]
+    assert "| `high` | int | `10` | `5`, *default* |" in sections["GuessNumberEnv"]
+    assert '| `"a\\|b"`, *default* |' in sections["GuessNumberEnv"]  # a pipe in a value cannot break the table
+    assert "| `low` | int | `1` | *default* |" in sections["GuessNumberEnv"]
+    for block in re.findall(r"(?:^\|.*\n)+", text, flags=re.M):  # every table row has its header's cells
+        cells = {len(re.findall(r"(?<!\\)\|", line)) for line in block.splitlines()}
+        assert len(cells) == 1, block
+    from hf_rollouts.publish.card import env_config_tables
+
+    (table,) = env_config_tables([("elsewhere_mod.MyEnv", {"x": 1})])  # a card never imports foreign code
+    assert table["rows"] is None and "elsewhere_mod" not in sys.modules
+    foreign = ds.remove_columns("env_class_path").add_column("env_class_path", ["elsewhere_mod.MyEnv"] * len(ds))
+    text = str(render_card(foreign, agent_info={"model": "scripted"}, seed=0, pad_token_id=0))
+    assert "### `MyEnv` configuration" in text and "keys of `elsewhere_mod.MyEnv` are not listed" in text
+
+
 def test_cli_tasks_generate_inspect(tmp_path, capsys):
     tasks_dir, out_dir = tmp_path / "tasks", tmp_path / "out"
     assert (

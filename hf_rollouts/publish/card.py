@@ -4,11 +4,18 @@ The card carries YAML metadata (license, tags, task categories), the environment
 and their configs, the agent's model and sampling settings, the seed and
 ``num_rollouts``, every column's schema, summary statistics
 (:mod:`hf_rollouts.publish.stats`) and a snippet that loads the data for training.
+
+Per environment class, a table of its ``env_config`` keys comes from the class's config
+declaration (:meth:`hf_rollouts.envs.config.EnvConfig.describe`: key, type, default, help),
+with the values this dataset's tasks use. Rendering a card imports no code: a class is
+looked up among the modules already imported (the run that generated the data imported
+them) or under the trusted ``hf_rollouts.envs``; otherwise the card says it is not shown.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from importlib import resources
 from typing import Any
@@ -17,12 +24,89 @@ from datasets import Dataset
 from huggingface_hub import DatasetCard, DatasetCardData
 
 from .._version import __version__
-from ..schema import COLUMN_HELP, LOGPROB_CONVENTION_KEY
+from ..envs.base import MultistepEnv
+from ..envs.registry import resolve_env_class
+from ..schema import COLUMN_HELP, LOGPROB_CONVENTION_KEY, TaskValidationError
 from .stats import compute_stats
+
+MAX_SHOWN_VALUES = 4
+"""Distinct values of one key listed in a config table before it says how many there are."""
 
 
 def _template() -> str:
     return resources.files("hf_rollouts").joinpath("dataset_cards/rollouts.md").read_text(encoding="utf-8")
+
+
+def _code(text: str, limit: int = 80) -> str:
+    """``text`` as a Markdown code span that is safe in a table cell (pipes escaped, one line, shortened)."""
+    text = text.replace("\n", " ")
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    text = text.replace("|", "\\|")
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("\n", " ").replace("|", "\\|")
+
+
+def _env_class(path: str) -> type[MultistepEnv] | None:
+    """The env class named ``path`` if its module is already imported or trusted; never imports other code."""
+    module_name, _, class_name = path.rpartition(".")
+    module = sys.modules.get(module_name)
+    if module is None:
+        try:
+            return resolve_env_class(path)  # imports only modules under the trusted hf_rollouts.envs
+        except TaskValidationError:
+            return None
+    cls = getattr(module, class_name, None)
+    return cls if isinstance(cls, type) and issubclass(cls, MultistepEnv) else None
+
+
+def _used(configs: list[dict[str, Any]], key: str) -> str:
+    """The values ``configs`` give ``key``, as a cell: distinct JSON values, and *default* where it is not set."""
+    values = list(dict.fromkeys(json.dumps(c[key], sort_keys=True) for c in configs if key in c))
+    shown = [_code(v, 40) for v in values[:MAX_SHOWN_VALUES]]
+    if len(values) > MAX_SHOWN_VALUES:
+        shown.append(f"… ({len(values)} values)")
+    if any(key not in c for c in configs):
+        shown.append("*default*")
+    return ", ".join(shown)
+
+
+def env_config_tables(env_configs: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per env class path in ``env_configs`` (one ``(env_class_path, env_config)`` per distinct config),
+    the rows of its config table: each declared key's type, default and help
+    (:meth:`~hf_rollouts.envs.config.EnvConfig.describe`) and the values used; then any undeclared key
+    the configs hold. ``rows`` is ``None`` when the class is not available (see the module docstring)."""
+    by_path: dict[str, list[dict[str, Any]]] = {}
+    for path, config in env_configs:
+        by_path.setdefault(path, []).append(config)
+    tables = []
+    for path, configs in sorted(by_path.items()):
+        cls = _env_class(path)
+        table: dict[str, Any] = {"path": path, "name": path.rsplit(".", 1)[-1], "config_class": None, "rows": None}
+        if cls is not None:
+            config_class = cls.config_class
+            table["config_class"] = f"{config_class.__module__}.{config_class.__qualname__}"
+            table["rows"] = [
+                {
+                    "key": _code(row["key"]),
+                    "type": _cell(row["type"]),
+                    "default": _code(row["default"], 40),
+                    "used": _used(configs, row["key"]),
+                    "help": _cell(row["help"]),
+                }
+                for row in config_class.describe()
+            ]
+            declared = set(config_class.keys())
+            undeclared = sorted({k for c in configs for k in c if k not in declared})
+            passed_on = "passed on by the environment" if config_class.extra_keys_allowed else "ignored (not declared)"
+            table["rows"] += [
+                {"key": _code(k), "type": "", "default": "", "used": _used(configs, k), "help": passed_on}
+                for k in undeclared
+            ]
+        tables.append(table)
+    return tables
 
 
 def render_card(
@@ -60,7 +144,8 @@ def render_card(
         template_str=_template(),
         pretty_name=card_data.pretty_name,
         version=__version__,
-        environments=[{"path": p, "config": c, "tasks": n} for (p, c), n in sorted(configs.items())],
+        environments=[{"path": p, "config": _code(c, 200), "tasks": n} for (p, c), n in sorted(configs.items())],
+        env_configs=env_config_tables([(p, json.loads(c)) for p, c in sorted(configs)]),
         agent={k: json.dumps(v) if not isinstance(v, str) else v for k, v in agent_info.items()},
         seed=seed,
         stats=stats,

@@ -13,15 +13,16 @@ The Hub push uploads the data first and the card body second, because
 
 from __future__ import annotations
 
-import shutil
+import os
+import re
 import tempfile
-from fnmatch import fnmatch
 from pathlib import Path
 
 from datasets import Dataset
 from huggingface_hub import DatasetCard
 
 PARQUET_DIR = "parquet"
+PARQUET_FILE = "train-00000-of-00001.parquet"
 PARQUET_COMPRESSION = "zstd"
 """zstd stores rollouts ~15% smaller than parquet's default snappy (measured by scripts/benchmark.py);
 every parquet reader in the HF stack reads it."""
@@ -29,13 +30,75 @@ every parquet reader in the HF stack reads it."""
 
 LOGPROB_DTYPES = ("float32", "float16")
 
-OUTPUT_ENTRIES = ("state.json", "dataset_info.json", "data-*.arrow", "README.md", PARQUET_DIR, "tokenizer")
-"""What a rollout output directory holds (``save_rollouts`` plus the CLI's ``tokenizer/``);
-``overwrite=True`` removes exactly these before writing."""
+TOKENIZER_DIR = "tokenizer"
+TOKENIZER_FILES = (
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+"""The names transformers' ``save_pretrained`` gives a tokenizer's files (plus
+``additional_chat_templates/*.jinja``): what ``hf-rollouts generate`` writes in ``tokenizer/``."""
+
+OUTPUT_FILES = (
+    r"state\.json",
+    r"dataset_info\.json",
+    r"data-\d{5}-of-\d{5}\.arrow",
+    r"README\.md",
+    rf"{PARQUET_DIR}/{re.escape(PARQUET_FILE)}",
+    rf"{TOKENIZER_DIR}/(?:{'|'.join(map(re.escape, TOKENIZER_FILES))})",
+    rf"{TOKENIZER_DIR}/additional_chat_templates/[^/]+\.jinja",
+)
+"""The files hf-rollouts writes in an output directory, as regular expressions over their path
+relative to it: ``save_to_disk``'s files (``save_rollouts`` and ``hf-rollouts tasks``), the card,
+the parquet file and the CLI's tokenizer copy. ``overwrite=True`` deletes exactly the files these
+match (then the folders below, if that leaves them empty); every other file is the user's."""
+
+OUTPUT_DIRS = (PARQUET_DIR, TOKENIZER_DIR, f"{TOKENIZER_DIR}/additional_chat_templates")
+"""The folders of :data:`OUTPUT_FILES`; a symlink is never one of them (nothing is deleted through a link)."""
+
+_OUTPUT_FILE = re.compile("|".join(f"(?:{p})" for p in OUTPUT_FILES))
 
 
 class OutputDirError(ValueError):
     """The output directory cannot be written safely (a file, not writable, or holding other files)."""
+
+
+def _scan_output_dir(output_dir: str | Path) -> tuple[list[Path], list[str]]:
+    """Split what ``output_dir`` holds into hf-rollouts files (:data:`OUTPUT_FILES`) and the rest.
+
+    Returns the paths of the hf-rollouts files and the others' paths relative to ``output_dir``
+    (a folder outside :data:`OUTPUT_DIRS`, or a symlink to one, is one entry ending in ``/``; its
+    contents are not read).
+    """
+    out = Path(output_dir)
+    ours: list[Path] = []
+    foreign: list[str] = []
+    for root, dirs, files in os.walk(out):  # symlinked folders are listed in dirs, never walked
+        base = Path(root)
+        walk = []
+        for name in sorted(dirs):
+            rel = (base / name).relative_to(out).as_posix()
+            if rel in OUTPUT_DIRS and not (base / name).is_symlink():
+                walk.append(name)
+            else:
+                foreign.append(f"{rel}/")
+        dirs[:] = walk
+        for name in sorted(files):
+            rel = (base / name).relative_to(out).as_posix()
+            if _OUTPUT_FILE.fullmatch(rel):
+                ours.append(base / name)
+            else:
+                foreign.append(rel)
+    return ours, sorted(foreign)
 
 
 def check_output_dir(output_dir: str | Path, *, overwrite: bool = False) -> Path:
@@ -43,9 +106,10 @@ def check_output_dir(output_dir: str | Path, *, overwrite: bool = False) -> Path
 
     Refused (:class:`OutputDirError`): a path that is a file or lies under one; a directory
     (or, when it does not exist yet, its nearest existing parent) that is not writable; a
-    non-empty directory, unless ``overwrite`` — and even then, files that are not an earlier
-    hf-rollouts output (:data:`OUTPUT_ENTRIES`), which are never deleted. Stale files would
-    otherwise sit next to the new data (a later ``load_dataset`` of ``parquet/*`` reads them too).
+    non-empty directory, unless ``overwrite`` — and even then, any file that hf-rollouts did
+    not write (:data:`OUTPUT_FILES`: a stray ``parquet/other.parquet``, notes in ``tokenizer/``),
+    since ``overwrite`` never deletes those. Stale files would otherwise sit next to the new
+    data (a later ``load_dataset`` of ``parquet/*`` reads them too).
     """
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
@@ -66,23 +130,30 @@ def check_output_dir(output_dir: str | Path, *, overwrite: bool = False) -> Path
             f"output {out} is not empty (it holds {entries[:8]}{' ...' if len(entries) > 8 else ''}). Choose a new "
             "directory, or pass overwrite=True (CLI: --overwrite) to replace an earlier hf-rollouts output there."
         )
-    foreign = [e for e in entries if not any(fnmatch(e, pattern) for pattern in OUTPUT_ENTRIES)]
-    if foreign:
-        raise OutputDirError(
-            f"output {out} holds files hf-rollouts did not write: {foreign[:8]}. --overwrite only replaces an earlier "
-            "hf-rollouts output; move those files away or choose another directory."
-        )
+    if entries:
+        _, foreign = _scan_output_dir(out)
+        if foreign:
+            raise OutputDirError(
+                f"output {out} holds files hf-rollouts did not write: {foreign[:8]}"
+                f"{f' and {len(foreign) - 8} more' if len(foreign) > 8 else ''}. --overwrite only deletes the files "
+                "of an earlier hf-rollouts output; move those away or choose another directory."
+            )
     return out
 
 
 def clear_output_dir(output_dir: str | Path) -> None:
-    """Remove an earlier hf-rollouts output (:data:`OUTPUT_ENTRIES`) from ``output_dir``."""
+    """Delete the files of an earlier hf-rollouts output (:data:`OUTPUT_FILES`) from ``output_dir``,
+    then those of :data:`OUTPUT_DIRS` that this leaves empty. Nothing else is touched."""
     out = Path(output_dir)
     if not out.is_dir():
         return
-    for entry in out.iterdir():
-        if any(fnmatch(entry.name, pattern) for pattern in OUTPUT_ENTRIES):
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    ours, _ = _scan_output_dir(out)
+    for path in ours:
+        path.unlink()
+    for rel in sorted(OUTPUT_DIRS, key=len, reverse=True):  # deepest first
+        folder = out / rel
+        if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def with_logprob_dtype(ds: Dataset, dtype: str) -> Dataset:
@@ -123,7 +194,7 @@ def save_rollouts(
         clear_output_dir(out)
     ds.save_to_disk(str(out))
     (out / PARQUET_DIR).mkdir(exist_ok=True)
-    write_parquet(ds, out / PARQUET_DIR / "train-00000-of-00001.parquet")
+    write_parquet(ds, out / PARQUET_DIR / PARQUET_FILE)
     if card is not None:
         card.save(str(out / "README.md"))
     return out

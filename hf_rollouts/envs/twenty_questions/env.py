@@ -28,7 +28,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from ..base import MultistepEnv
-from ..config import EnvConfig, option
+from ..config import EnvConfig, EnvConfigError, option
 from .knowledge import Gamemaster, KnowledgeBase, KnowledgeBaseGamemaster
 
 GAMEMASTERS = ("knowledge_base", "agent")
@@ -46,11 +46,20 @@ class TwentyQuestionsConfig(EnvConfig):
         choices=GAMEMASTERS,
     )
     gamemaster_model: str | None = option(
-        None, "With gamemaster 'agent': 'openai:URL#MODEL', 'tiny', a hub id or path (must be allowed)."
+        None, "Required with gamemaster 'agent': 'openai:URL#MODEL', 'tiny', a hub id or path (must be allowed)."
     )
     gamemaster_temperature: float = option(0.0, "With gamemaster 'agent': its sampling temperature.", ge=0.0)
     gamemaster_max_tokens: int = option(8, "With gamemaster 'agent': tokens per answer.", ge=1)
     gamemaster_system_prompt: str | None = option(None, "With gamemaster 'agent': template with {solution}.")
+
+    def check(self) -> None:
+        if self.gamemaster == "agent" and not self.gamemaster_model:
+            raise EnvConfigError(
+                "gamemaster_model",
+                "env_config['gamemaster'] == 'agent' needs env_config['gamemaster_model']: "
+                "'openai:http://127.0.0.1:8000/v1#MODEL', 'tiny', or a hub id or local path (it must also be "
+                "allowed: allowed_env_models / --allow-env-model).",
+            )
 
 
 @dataclass
