@@ -13,6 +13,7 @@ import math
 import os
 import statistics
 import tempfile
+import threading
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -25,7 +26,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*gradient_checkpointing.*:Futur
 
 from hf_rollouts.envs.base import MultistepEnv  # noqa: E402
 from hf_rollouts.integrations.trl import (  # noqa: E402
+    TrainerPolicyAgent,
+    TRLSampling,
     env_reward,
+    generation_mode,
     make_rollout_func,
     task_from_prompt,
     to_trl_dataset,
@@ -76,13 +80,15 @@ def task_rows(n: int, **task: Any) -> list[dict[str, Any]]:
 
 
 def teacher_forced(model, prompt_ids: list[int], completion_ids: list[int], temperature: float) -> list[float]:
-    """log_softmax(logits / T) of each completion id under ``model``, one unpadded forward pass."""
+    """log_softmax(logits / T) of each completion id under ``model``, one unpadded forward pass in the model's
+    dtype (the model's own forward: a bf16 run's accelerate wrapper would compute it under autocast)."""
+    forward = model.__dict__.get("_original_forward", model)
     was = model.training
     model.eval()
     try:
         with torch.no_grad():
             ids = torch.tensor([prompt_ids + completion_ids], device=model.device)
-            logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
+            logits = forward(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
             lp = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt_ids) :, None]).squeeze(-1)
     finally:
         model.train(was)
@@ -128,7 +134,7 @@ class Recorder:
         return out
 
 
-def build_trainer(rollout_func, steps: int = STEPS):
+def build_trainer(rollout_func, steps: int = STEPS, bf16: bool = False):
     """A GRPOTrainer for CPU on a fresh tiny model (never the session's shared `tiny`)."""
     from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -150,7 +156,7 @@ def build_trainer(rollout_func, steps: int = STEPS):
         save_strategy="no",
         report_to="none",
         use_cpu=True,
-        bf16=False,
+        bf16=bf16,
         gradient_checkpointing=False,
         dataloader_num_workers=0,
         disable_tqdm=True,
@@ -317,32 +323,42 @@ def test_gradient_checkpointing_in_train_mode_still_samples_exactly_with_kv_reus
         assert max(abs(a - b) for a, b, f in zip(lps, ref, m) if f) < LP_TOL
 
 
-def test_vllm_server_client_samples_the_turns(direct):
-    tok = direct.tok
-    answer = tok.encode("7", add_special_tokens=False) + [tok.eos_token_id]
+class FakeVLLMClient:
+    """The HTTP boundary: answers every prompt with ``answer`` (log-probs -0.25, -0.5, ...), like trl's
+    ``VLLMClient.generate``, and records the requests."""
 
-    class FakeVLLMClient:  # the HTTP boundary: answers like trl's VLLMClient.generate
-        def __init__(self) -> None:
-            self.requests: list[dict[str, Any]] = []
+    def __init__(self, answer: list[int]) -> None:
+        self.answer = answer
+        self.requests: list[dict[str, Any]] = []
 
-        def generate(self, prompts, **kwargs):
-            self.requests.append({"prompts": prompts, **kwargs})
-            return {
-                "prompt_ids": prompts,
-                "completion_ids": [list(answer) for _ in prompts],
-                "logprobs": [[[-0.25], [-0.5]] for _ in prompts],
-                "logprob_token_ids": [[[t] for t in answer] for _ in prompts],
-            }
+    def generate(self, prompts, **kwargs):
+        self.requests.append({"prompts": prompts, **kwargs})
+        lps = [[-0.25 * (k + 1)] for k in range(len(self.answer))]
+        return {
+            "prompt_ids": prompts,
+            "completion_ids": [list(self.answer) for _ in prompts],
+            "logprobs": [lps for _ in prompts],
+            "logprob_token_ids": [[[t] for t in self.answer] for _ in prompts],
+        }
 
-    client = FakeVLLMClient()
+
+def _with_vllm(direct, client, prompts):
     trainer = direct.trainer
     trainer.args.use_vllm = True
     trainer.vllm_generation = SimpleNamespace(mode="server", vllm_client=client)
     try:
-        out = direct.rollout(_prompts(task_rows(2)), trainer)
+        return direct.rollout(prompts, trainer)
     finally:
         trainer.args.use_vllm = False
         del trainer.vllm_generation
+
+
+def test_vllm_server_client_samples_the_turns(direct):
+    tok = direct.tok
+    answer = tok.encode("7", add_special_tokens=False) + [tok.eos_token_id]
+    client = FakeVLLMClient(answer)
+    trainer = direct.trainer
+    out = _with_vllm(direct, client, _prompts(task_rows(2)))
     assert len(client.requests) == 2  # one batched request per turn
     first = client.requests[0]
     assert first["prompts"] == out["prompt_ids"]  # token-id prompts: exactly the episodes' first prompts
@@ -352,6 +368,123 @@ def test_vllm_server_client_samples_the_turns(direct):
         assert [t for t, f in zip(c, m) if f] == answer * 2
         assert [x for x, f in zip(lps, m) if f] == [-0.25, -0.5] * 2
         assert r == 1.0
+
+
+# --------------------------------------------------------------------------- how the model is used
+
+
+def test_bf16_run_samples_without_accelerates_autocast():
+    """GRPOConfig(bf16=True) on CPU: accelerate wraps ``model.forward`` in a bf16 autocast, which TRL's unwrapping
+    keeps. Sampling must use the model's own forward, in the engine's thread, with gradients off; training stays
+    bf16, and the wrapper is back after each rollout call."""
+    calls = []  # per call of a Linear: (in a sampling thread, grad on, inference mode, autocast on, output dtype)
+
+    def record(module, args, output):
+        calls.append(
+            (
+                threading.current_thread() is not threading.main_thread(),
+                torch.is_grad_enabled(),
+                torch.is_inference_mode_enabled(),
+                torch.is_autocast_enabled("cpu"),
+                output.dtype,
+            )
+        )
+
+    recorder = Recorder(make_rollout_func(max_new_tokens=MAX_NEW, allowed_env_modules=ALLOWED))
+    forwards = []
+
+    def spy(prompts, trainer):
+        forwards.append(trainer.model.__dict__.get("forward"))
+        out = recorder(prompts, trainer)
+        forwards.append(trainer.model.__dict__.get("forward"))
+        return out
+
+    trainer = build_trainer(spy, steps=1, bf16=True)
+    model = trainer.model
+    # a Linear inside the backbone: TRL's training forward never calls lm_head (its fused head uses the weight)
+    handle = model.model.layers[-1].mlp.down_proj.register_forward_hook(record)
+    try:
+        trainer.train()
+    finally:
+        handle.remove()
+    assert "_original_forward" in model.__dict__  # accelerate did wrap the forward: this is a real bf16 run
+    assert forwards[0] is not None and forwards[0] is forwards[1] is model.__dict__["forward"]
+    sampling = [c for c in calls if c[0]]
+    training = [c for c in calls if not c[0] and c[1]]
+    assert sampling and all(c[1:] == (False, True, False, torch.float32) for c in sampling), set(sampling)
+    assert training and all(c[3] and c[4] == torch.bfloat16 for c in training), set(training)
+    call = recorder.calls[0]
+    assert call["before"] == call["after"]
+    out, tf = call["out"], call["teacher_forced"]  # teacher-forced in float32, with the model's own forward
+    worst = max(
+        abs(a - b)
+        for lps, ref, mask in zip(out["logprobs"], tf, out["env_mask"])
+        for a, b, flag in zip(lps, ref, mask)
+        if flag
+    )
+    assert worst < LP_TOL
+
+
+def test_an_exception_during_generation_leaves_the_model_as_trl_had_it(direct, monkeypatch):
+    """TRL's unwrap context re-enables gradient checkpointing only when its block ends cleanly."""
+
+    class Interrupt(BaseException):  # like KeyboardInterrupt: not an episode error, it ends the rollout call
+        pass
+
+    seen = {}
+
+    def crash(self, requests):
+        seen.update(
+            forward=self.model.__dict__.get("forward"),
+            training=self.model.training,
+            checkpointing=self.model.is_gradient_checkpointing,
+        )
+        raise Interrupt("stopped while sampling")
+
+    monkeypatch.setattr(TrainerPolicyAgent, "act_batch", crash)
+    model = direct.trainer.model
+    model.gradient_checkpointing_enable()
+    model.train()
+    model._original_forward = model.forward  # what accelerate's prepare_model does under bf16/fp16 ...
+
+    def wrapper(*args, **kwargs):  # ... with an autocast wrapper in place of this one
+        return model._original_forward(*args, **kwargs)
+
+    model.forward = wrapper
+    try:
+        with pytest.raises(Interrupt, match="stopped while sampling"):
+            direct.rollout(_prompts(task_rows(1)), direct.trainer)
+        assert seen["forward"] is model._original_forward and not seen["training"] and not seen["checkpointing"]
+        assert model.is_gradient_checkpointing and all(m.training for m in model.modules())
+        assert model.__dict__["forward"] is wrapper
+    finally:
+        model.gradient_checkpointing_disable()
+        del model.forward, model._original_forward
+
+
+def test_the_models_own_eos_ids_end_a_turn_too(direct):
+    """Llama-3.1 lists <|eom_id|> only in generation_config.eos_token_id; here <|system|> stands for it."""
+    tok, trainer = direct.tok, direct.trainer
+    model = trainer.model
+    extra = tok.convert_tokens_to_ids("<|system|>")
+    stops = [tok.eos_token_id, extra]
+    seven, eight = (tok.encode(x, add_special_tokens=False) for x in ("7", "8"))
+    client = FakeVLLMClient(seven + [extra] + eight)  # a server that samples past the stop: cut after it
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = stops
+    try:
+        with generation_mode(trainer) as m:
+            agent = TrainerPolicyAgent(m, tok, TRLSampling.from_args(trainer.args, MAX_NEW))
+        out = _with_vllm(direct, client, _prompts(task_rows(1)))
+    finally:
+        model.generation_config.eos_token_id = saved
+    assert agent.stop_ids == stops and agent.config.eos_token_id == stops  # generate() stops on the model's ids
+    action = agent._action(seven + [extra] + eight, [-1.0] * (len(seven) + 1 + len(eight)))
+    assert action.token_ids == seven + [extra] and action.stopped and action.text == "7"
+    assert client.requests[0]["generation_kwargs"]["stop_token_ids"] == stops
+    assert out["env_status"] == ["done", "done"] and out["env_num_turns"] == [2, 2]
+    for c, m in zip(out["completion_ids"], out["env_mask"]):
+        assert [t for t, f in zip(c, m) if f] == (seven + [extra]) * 2
 
 
 # --------------------------------------------------------------------------- dataset and options

@@ -1,0 +1,174 @@
+"""The rollout function TRL calls (:func:`make_rollout_func`), its rows, and the :func:`env_reward` reward."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from ...agents.base import Agent
+from ...envs.base import MultistepEnv
+from ...envs.registry import validate_tasks
+from ...rollout import episode_jobs, run_episodes
+from ...schema import TaskValidationError, to_task_dataset
+from .agents import TrainerPolicyAgent, TRLSampling, VLLMServerAgent, generation_mode, stop_token_ids, vllm_client
+from .dataset import task_from_prompt
+
+EXTRA_FIELDS = ("env_final_reward", "env_status", "env_error", "env_num_turns", "env_messages", "env_session_id")
+"""Per-row fields the rollout function returns besides TRL's; reward functions get them as kwargs."""
+
+
+@dataclass
+class TRLRolloutOptions:
+    """Options of :func:`make_rollout_func` (keyword arguments)."""
+
+    allowed_env_modules: tuple[str, ...] = field(
+        default=(), metadata={"help": "Module prefixes besides hf_rollouts.envs whose env classes rows may name."}
+    )
+    allowed_env_models: tuple[str, ...] = field(
+        default=(), metadata={"help": "Model/endpoint specs rows may name in an env's model_config_keys."}
+    )
+    max_new_tokens: int = field(default=48, metadata={"help": "Token budget of one agent turn."})
+    step_timeout: float | None = field(
+        default=None, metadata={"help": "Seconds per env hook call; default for env_config['step_timeout']."}
+    )
+    episode_timeout: float | None = field(
+        default=None, metadata={"help": "Seconds per episode; default for env_config['episode_timeout']."}
+    )
+    max_concurrency: int | None = field(default=None, metadata={"help": "Cap on episodes alive at once."})
+
+    def __post_init__(self) -> None:
+        self.allowed_env_modules = tuple(self.allowed_env_modules)
+        self.allowed_env_models = tuple(self.allowed_env_models)
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}.")
+        for name in ("step_timeout", "episode_timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds or None, got {value!r}.")
+
+
+class RolloutFunc:
+    """``rollout_func(prompts, trainer)`` for ``GRPOTrainer``; see :mod:`hf_rollouts.integrations.trl`.
+
+    ``calls`` counts calls; ``last_episodes`` holds the last call's unpadded episode dicts (one per
+    prompt, in order) and ``last_agent`` the agent that played them, for inspection.
+    """
+
+    def __init__(self, options: TRLRolloutOptions) -> None:
+        self.options = options
+        self.calls = 0
+        self.last_episodes: list[dict[str, Any]] = []
+        self.last_agent: Agent | None = None
+        self._envs: dict[tuple[int, str, str], MultistepEnv] = {}
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
+        self.calls += 1
+        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+        sampling = TRLSampling.from_args(trainer.args, self.options.max_new_tokens)
+        jobs = []
+        for i, prompt in enumerate(prompts):  # one episode per entry: TRL already repeated each prompt G times
+            row, task = task_from_prompt(prompt, f"prompt {i}")
+            env = self._env(tokenizer, task, f"prompt {i} (task row {row})")
+            jobs += episode_jobs(env, [task["task_data"]], 1, prefix=f"trl-call{self.calls}/prompt{i}/", start=i)
+        if getattr(trainer.args, "use_vllm", False):
+            stops = stop_token_ids(tokenizer, trainer.model)
+            self.last_agent = VLLMServerAgent(vllm_client(trainer), tokenizer, sampling, stops)
+            episodes = run_episodes(jobs, self.last_agent, **self._run_kw)
+        else:
+            with generation_mode(trainer) as model:
+                self.last_agent = TrainerPolicyAgent(model, tokenizer, sampling)
+                episodes = run_episodes(jobs, self.last_agent, **self._run_kw)
+        self.last_episodes = episodes
+        pad = tokenizer.pad_token_id
+        rows = [{**episode_to_trl_row(ep, pad), "env_session_id": job.session_id} for ep, job in zip(episodes, jobs)]
+        keys = ("prompt_ids", "completion_ids", "logprobs", "env_mask", *EXTRA_FIELDS)
+        return {key: [r[key] for r in rows] for key in keys}
+
+    @property
+    def _run_kw(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "max_concurrency": o.max_concurrency,
+            "on_error": "record",
+            "step_timeout": o.step_timeout,  # env_config's own limits win (see hf_rollouts.rollout.scheduler)
+            "episode_timeout": o.episode_timeout,
+        }
+
+    def _env(self, tokenizer: PreTrainedTokenizerBase, task: dict[str, Any], where: str) -> MultistepEnv:
+        config = task["env_config"]
+        key = (id(tokenizer), task["env_class_path"], json.dumps(config, sort_keys=True, default=str))
+        if key not in self._envs:
+            try:
+                classes = validate_tasks(
+                    to_task_dataset([{**task, "env_config": config}]),
+                    self.options.allowed_env_modules,
+                    self.options.allowed_env_models,
+                )
+            except TaskValidationError as exc:
+                raise TaskValidationError(f"{where}: {exc}") from exc
+            self._envs[key] = classes[task["env_class_path"]](tokenizer, config)
+        return self._envs[key]
+
+
+def episode_to_trl_row(episode: dict[str, Any], pad_id: int) -> dict[str, Any]:
+    """One rollout-function row from an unpadded episode dict (see :mod:`hf_rollouts.integrations.trl`)."""
+    ids, mask = list(episode["full_token_ids"]), list(episode["agent_token_mask"])
+    logprobs = episode["logprobs"]
+    if logprobs is None:  # an agent that reports none: NaN on agent tokens (TRL ignores NaN), 0 elsewhere
+        logprobs = [math.nan if m else 0.0 for m in mask]
+    turns = episode["turns"]
+    start = turns[0].start if turns else len(ids)
+    completion, env_mask, lps = ids[start:], mask[start:], [float(x) for x in logprobs[start:]]
+    if not completion:  # TRL reads completion_ids[-1]: one pad token, never trained on
+        completion, env_mask, lps = [pad_id], [0], [0.0]
+    return {
+        "prompt_ids": ids[:start] or [pad_id],
+        "completion_ids": completion,
+        "logprobs": lps,
+        "env_mask": env_mask,
+        "env_final_reward": float(episode["final_reward"]),
+        "env_status": episode["status"],
+        "env_error": episode["error"],
+        "env_num_turns": int(episode["num_turns"]),
+        "env_messages": episode["messages"],
+    }
+
+
+def make_rollout_func(**options: Any) -> RolloutFunc:
+    """A ``rollout_func(prompts, trainer)`` for ``GRPOTrainer``; options are :class:`TRLRolloutOptions`.
+
+    Sampling (temperature, top_p, top_k, min_p, repetition_penalty) comes from ``trainer.args``.
+    Time limits (``step_timeout``, ``episode_timeout``) are the engine's defaults: a row's own
+    ``env_config`` limits win (see :mod:`hf_rollouts.rollout.scheduler`).
+    """
+    known = {f.name for f in fields(TRLRolloutOptions)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"make_rollout_func got unknown option(s) {unknown}; known: {sorted(known)}.")
+    return RolloutFunc(TRLRolloutOptions(**options))
+
+
+def env_reward(
+    prompts: list[Any],
+    completions: list[Any],
+    env_final_reward: list[float] | None = None,
+    env_status: list[str] | None = None,
+    **kwargs: Any,
+) -> list[float | None]:
+    """Reward function for ``reward_funcs=[env_reward]``: each episode's env reward, ``None`` for ``error``.
+
+    TRL turns ``None`` into NaN: the row is left out of its group's mean/std and gets advantage 0.
+    """
+    if env_final_reward is None or env_status is None:
+        raise TypeError(
+            "env_reward needs the env_final_reward and env_status fields that hf_rollouts' rollout function returns; "
+            "pass rollout_func=make_rollout_func(...) to GRPOTrainer."
+        )
+    return [
+        None if status == "error" or not math.isfinite(reward) else float(reward)
+        for reward, status in zip(env_final_reward, env_status)
+    ]
