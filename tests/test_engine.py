@@ -207,3 +207,26 @@ def test_the_local_agent_samples_the_same_rows_under_any_batching(tiny, reuse_kv
                         assert a == pytest.approx(b, abs=1e-4)
             else:
                 assert _same(first[column], other[column]), column
+
+
+def test_an_interrupt_waits_for_the_agents_call_to_return(tokenizer):
+    """Ctrl-C while a client-batching agent generates: run_episodes re-raises only once act_batch has returned, so
+    the caller (the TRL bridge) never restores the model while it is still sampling in the driver thread."""
+    import os
+    import signal
+
+    calls = {"started": threading.Event(), "done": False}
+
+    class Slow(ScriptedAgent):
+        def act_batch(self, requests):
+            calls["started"].set()
+            time.sleep(0.3)
+            calls["done"] = True
+            return super().act_batch(requests)
+
+    env = MastermindEnv(tokenizer, {"max_turns": 2, "num_symbols": 6})
+    jobs = episode_jobs(env, [{"code": [1, 2, 3, 4]}], 2)
+    threading.Thread(target=lambda: (calls["started"].wait(), os.kill(os.getpid(), signal.SIGINT))).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_episodes(jobs, Slow(["1 2 3 4"]))
+    assert calls["done"]

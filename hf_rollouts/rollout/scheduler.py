@@ -114,6 +114,7 @@ class _Engine:
         self.watch = threading.Condition(lock)  # the watchdog waits on it for the run's end or a deadline
         self.epoch = 0
         self.running: _Live | None = None
+        self.in_batch = False  # a client-batching agent's act_batch is running
 
         self.failure: BaseException | None = None
 
@@ -212,6 +213,7 @@ class _Engine:
 
     def _answer_batch(self, batch: list[_Live], epoch: int) -> None:
         requests = [live.request for live in batch]
+        self.in_batch = True
         try:
             answers: list[Any] = self.agent.act_batch(requests)
             if len(answers) != len(batch):
@@ -220,6 +222,10 @@ class _Engine:
                 )
         except Exception as exc:  # the whole batch failed: every episode of it records the failure
             answers = [exc] * len(batch)
+        finally:
+            with self.cond:
+                self.in_batch = False
+                self.watch.notify_all()
         with self.cond:
             if self.epoch == epoch:
                 self.ready.extend(zip(batch, answers))
@@ -242,9 +248,16 @@ class _Engine:
     def run(self) -> list[dict[str, Any]]:
         self._spawn()
         with self.cond:
-            while self.remaining and self.failure is None:
-                self.watch.wait(timeout=self._next_check(time.monotonic()))
-                self._police(time.monotonic())
+            try:
+                while self.remaining and self.failure is None:
+                    self.watch.wait(timeout=self._next_check(time.monotonic()))
+                    self._police(time.monotonic())
+            except BaseException:  # KeyboardInterrupt: stop, but not while the agent is mid-call
+                self.epoch += 1
+                self.cond.notify_all()
+                while self.in_batch:  # the caller may restore the model once act_batch returns (a 2nd ^C: now)
+                    self.watch.wait()
+                raise
             failure = self.failure
             self.epoch += 1  # any driver still running stops at its next step
             self.cond.notify_all()
