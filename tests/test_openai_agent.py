@@ -463,6 +463,44 @@ def test_a_failed_probe_fails_every_request_of_the_batch():
     assert all(isinstance(r, OpenAIRequestError) and "ConnectError" in str(r) for r in out)
 
 
+def test_a_failed_probe_is_remembered_and_fails_fast():
+    port = _free_port()  # nothing listens: the probe fails after its retries
+    agent = OpenAIChatAgent(base_url=f"http://127.0.0.1:{port}/v1", model="m", max_retries=2, **FAST)
+    first = agent.act_batch([request(session="a")])
+    attempts = agent.stats["attempts"]
+    assert attempts == 3 and "ConnectError" in str(first[0])
+    t0 = time.monotonic()
+    later = agent.act_batch([request(session=f"b{i}") for i in range(3)]) + [agent.submit(request()).exception()]
+    assert agent.stats["attempts"] == attempts and time.monotonic() - t0 < 1  # no new probe, no backoff
+    assert all(isinstance(e, OpenAIRequestError) and "probe failed earlier" in str(e) for e in later)
+    assert all("ConnectError" in str(e) for e in later)  # the first failure's cause, said again
+    with pytest.raises(OpenAIRequestError, match="probe failed earlier"):
+        agent.fingerprint()
+    agent.close()  # forgets the failure: the next request probes again
+    agent.act_batch([request()])
+    assert agent.stats["attempts"] == 2 * attempts
+
+
+def test_a_server_that_trickles_its_headers_hits_the_total_deadline():
+    def trickle_headers(h, i, body):
+        try:
+            h.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+            for _ in range(500):  # one header byte every 20 ms for 10 s: no single read ever times out
+                h.wfile.write(b"a")
+                h.wfile.flush()
+                time.sleep(0.02)
+        except OSError:
+            pass  # the client hung up at its deadline
+        h.close_connection = True
+
+    with LoopbackServer(trickle_headers) as server:
+        agent = agent_for(server, timeout=0.5, max_retries=0)
+        t0 = time.monotonic()
+        with pytest.raises(OpenAIRequestError, match=r"did not complete within the 0.5s deadline"):
+            agent.act(request())
+        assert time.monotonic() - t0 < 2.5  # the deadline covers the status line and headers, not only the body
+
+
 def test_a_server_that_stalls_mid_body_is_cut_at_the_deadline():
     def stall(h, i, body):
         h.send_response(200)
@@ -483,11 +521,92 @@ def test_a_server_that_stalls_mid_body_is_cut_at_the_deadline():
             agent.act(request())
 
 
-def test_the_deadline_watchdog_finds_the_socket_to_shut_down():
-    from hf_rollouts.agents.openai.http import _socket_of
+def test_every_connection_of_the_client_is_bounded_by_the_attempt_deadline():
+    from hf_rollouts.agents.openai.http import _DeadlineStream
 
     with LoopbackServer(lambda h, i, body: send_json(h, OK_BODY)) as server:
         client = agent_for(server)._http()
+        assert client.total_deadline  # installed under the client's connection pool
         with client._client.stream("POST", chat_completions_url(server.url), json={}) as response:
-            assert isinstance(_socket_of(response), socket.socket)  # else only the per-read timeout would apply
+            assert isinstance(response.extensions["network_stream"], _DeadlineStream)
         client.close()
+
+
+# -- sampling fields, log-prob conventions, stop ids -------------------------------------------------
+NEUTRAL = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def test_every_sampling_field_is_sent_in_both_modes(tokenizer):
+    tokens = OpenAIChatAgent(base_url="http://h/v1", model="m", tokenizer=tokenizer, mode="tokens", top_p=0.9)
+    tokens.negotiate()  # settings decide: no network
+    chat = OpenAIChatAgent(base_url="http://h/v1", model="m", top_p=0.9, **CHAT_ONLY)
+    chat.negotiate()
+    prompt = AgentRequest(messages=[{"role": "user", "content": "hi"}], prompt_token_ids=[3, 4])
+    for body in (tokens.request_body(prompt), chat.request_body(prompt)):
+        assert {k: body[k] for k in NEUTRAL} == NEUTRAL  # never left to the model's generation_config
+        assert (body["temperature"], body["top_p"]) == (1.0, 0.9)
+    overridden = OpenAIChatAgent(base_url="http://h/v1", model="m", extra_body={"top_k": 20}, **CHAT_ONLY)
+    assert overridden.request_body(prompt)["top_k"] == 20  # extra_body still wins
+
+
+def test_a_server_rejecting_neutral_fields_by_name_drops_them_for_good():
+    def respond(h, i, body):
+        rejected = sorted(k for k in ("top_k", "min_p", "repetition_penalty") if k in body)
+        if rejected:  # OpenAI's answer to fields it does not know
+            message = f"Unrecognized request arguments supplied: {', '.join(rejected)}"
+            send_json(h, {"error": {"message": message, "type": "invalid_request_error"}}, status=400)
+        else:
+            send_json(h, OK_BODY)
+
+    with LoopbackServer(respond) as server:
+        agent = agent_for(server)  # explicit chat settings: no probe, so the first request negotiates
+        assert agent.act(request())[0].text == "1 2 3 4" and agent.act(request())[0].text == "1 2 3 4"
+    assert len(server.bodies) == 3  # one rejected, then each request once without the fields
+    assert "top_k" in server.bodies[0] and not any("top_k" in b or "min_p" in b for b in server.bodies[1:])
+    assert server.bodies[1]["presence_penalty"] == 0.0  # fields the server accepts are still sent
+    assert {"top_k", "min_p", "repetition_penalty"} <= set(agent.capabilities.dropped)
+    assert agent.stats["failures"] == 0 and agent.stats["requests"] == 2
+
+
+@pytest.mark.parametrize(
+    "sampling, extra, named",
+    [
+        ({"temperature": 0.8, "top_p": 0.9}, {}, "top_p=0.9"),
+        ({"temperature": 0.8}, {"top_k": 20}, "extra_body top_k=20"),
+        ({"temperature": 0.8}, {"min_p": 0.05}, "extra_body min_p=0.05"),
+        ({"temperature": 0.8}, {"repetition_penalty": 1.05}, "extra_body repetition_penalty=1.05"),
+    ],
+)
+def test_processed_logprobs_with_truncated_sampling_are_refused(sampling, extra, named):
+    with pytest.raises(ValueError, match=rf"logprobs_mode='processed' with {named}.*Use top_p=1.*logprobs_mode='raw'"):
+        OpenAIChatAgent(base_url="http://h/v1", model="m", logprobs_mode="processed", extra_body=extra, **sampling)
+    OpenAIChatAgent(base_url="http://h/v1", model="m", extra_body=extra, **sampling)  # raw: before all of it
+    for fine in ({"temperature": 0.8}, {"temperature": 0.0, "top_p": 0.9}):  # top_p=1; greedy ignores top-p
+        OpenAIChatAgent(base_url="http://h/v1", model="m", logprobs_mode="processed", **fine)
+
+
+def test_stop_ids_are_computed_once_per_agent(tokenizer, monkeypatch):
+    import hf_rollouts.chat as chat
+
+    built = []
+
+    class CountingChatDelta(chat.ChatDelta):
+        def __init__(self, *args, **kwargs):
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(chat, "ChatDelta", CountingChatDelta)
+    agent = OpenAIChatAgent(base_url="http://h/v1", model="m", tokenizer=tokenizer, mode="tokens")
+    agent.negotiate()
+    bodies = [agent.request_body(AgentRequest(messages=[], prompt_token_ids=[3, i])) for i in range(5)]
+    assert len(built) == 1 and all(b["stop_token_ids"] == [tokenizer.eos_token_id] for b in bodies)
+    assert pickle.loads(pickle.dumps(agent)).stop_token_ids() == [tokenizer.eos_token_id]
+
+
+def test_agent_modules_stay_under_400_lines():
+    from pathlib import Path
+
+    import hf_rollouts.agents.openai as package
+
+    sizes = {p.name: len(p.read_text().splitlines()) for p in Path(package.__file__).parent.glob("*.py")}
+    assert max(sizes.values()) < 400, sizes

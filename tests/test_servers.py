@@ -28,6 +28,7 @@ from vllm_protocol_server import VLLMProtocolServer
 
 from hf_rollouts.agents.openai import OpenAIChatAgent
 from hf_rollouts.envs.mastermind import MastermindEnv
+from hf_rollouts.types import AgentRequest
 
 QWEN3_STYLE_TEMPLATE = (
     # Qwen3's rule with enable_thinking=False, over the tiny tokenizer's role tokens: the generation
@@ -99,9 +100,8 @@ def test_token_mode_is_exact_on_every_turn_under_a_history_rewriting_template(ti
             model="tiny",
             tokenizer=qwen_tokenizer,
             temperature=0.8,
-            top_p=0.95,
             max_new_tokens=8,
-            logprobs_mode="processed",
+            logprobs_mode="processed",  # with top_p=1: vLLM's processed log-probs are after top-p
         )
         out = MastermindEnv(qwen_tokenizer, {"max_turns": 3}).run_trial(TASKS, agent, num_rollouts=2)
         assert all(s in ("done", "truncated") for s in out["statuses"]), out["errors"]
@@ -125,8 +125,7 @@ def test_token_mode_keeps_the_sampled_stop_token(tiny, qwen_tokenizer):
             model="tiny",
             tokenizer=qwen_tokenizer,
             max_new_tokens=12,
-            logprobs_mode="processed",
-            extra_body={"logit_bias": {str(eos): 4.0}},  # make the end-of-turn token likely
+            extra_body={"logit_bias": {str(eos): 4.0}},  # make the end-of-turn token likely (raw log-probs)
         )
         out = MastermindEnv(qwen_tokenizer, {"max_turns": 3}).run_trial(TASKS, agent, num_rollouts=2)
         turns = check_every_turn(out, server, "completions")  # the next prompt holds the stop id once, as sampled
@@ -164,10 +163,11 @@ def test_raw_logprobs_are_recorded_as_raw(tiny, tokenizer):
     model, _ = tiny
     with VLLMProtocolServer(model, tokenizer, logprobs_mode="raw_logprobs") as server:
         agent = OpenAIChatAgent(
-            base_url=server.url, model="tiny", tokenizer=tokenizer, temperature=0.5, max_new_tokens=6
+            base_url=server.url, model="tiny", tokenizer=tokenizer, temperature=0.5, top_p=0.9, max_new_tokens=6
         )
         out = MastermindEnv(tokenizer, {"max_turns": 1}).run_trial(TASKS[:1], agent, num_rollouts=1)
         check_every_turn(out, server, "completions")
+        assert server.log[-1]["params"]["top_p"] == 0.9  # sampled with top-p; raw log-probs do not see it
     ids, mask, _, lps = next(_rollouts(out))
     s, e = _turn_spans(mask)[0]
     with torch.no_grad():
@@ -175,6 +175,46 @@ def test_raw_logprobs_are_recorded_as_raw(tiny, tokenizer):
     raw = torch.log_softmax(logits, -1)[torch.arange(s - 1, e - 1), torch.tensor(ids[s:e])]
     np.testing.assert_allclose(lps[s:e], raw.numpy(), rtol=1e-4, atol=1e-4)  # log_softmax(logits), not logits / 0.5
     assert agent.describe()["logprob_convention"] == {"kind": "raw", "temperature": 1.0}
+
+
+NEUTRAL = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def test_every_request_overrides_the_served_models_generation_config(tiny, tokenizer, tmp_path):
+    """vLLM fills unset fields from generation_config.json (Qwen3: top_k 20): the agent leaves none unset."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    tiny[0].save_pretrained(tmp_path)  # the tiny model's directory, shipping sampling defaults as Qwen3's does
+    shipped = GenerationConfig(do_sample=True, top_k=3, min_p=0.2, repetition_penalty=1.5)
+    shipped.save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    with VLLMProtocolServer(model, tokenizer, logprobs_mode="processed_logprobs") as server:
+        assert server.defaults == {"top_k": 3, "min_p": 0.2, "repetition_penalty": 1.5}  # read from the directory
+        agent = OpenAIChatAgent(
+            base_url=server.url,
+            model="tiny",
+            tokenizer=tokenizer,
+            temperature=0.8,
+            max_new_tokens=6,
+            logprobs_mode="processed",
+        )
+        out = MastermindEnv(tokenizer, {"max_turns": 2}).run_trial(TASKS, agent, num_rollouts=1)
+        check_every_turn(out, server, "completions")
+        chat = OpenAIChatAgent(base_url=server.url, model="tiny", tokenizer=tokenizer, max_new_tokens=4, mode="chat")
+        chat.act(AgentRequest(messages=[{"role": "user", "content": "Guess."}], prompt_token_ids=[]))
+    assert agent.capabilities.mode == "tokens" and chat.capabilities.mode == "chat"
+    assert [e["endpoint"] for e in server.log].count("chat") == 2  # the chat agent's probe and its request
+    for entry in server.log:  # probes and turns, both modes: the model's defaults never applied
+        assert {k: entry["params"][k] for k in NEUTRAL} == NEUTRAL, entry["endpoint"]
+    with torch.no_grad():  # so the stored log-probs are log_softmax(logits / T), as training recomputes them
+        for ids, mask, _, lps in _rollouts(out):
+            logits = model(input_ids=torch.tensor([ids])).logits[0].float() / 0.8
+            want = torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+            agent_pos = [i for i in range(1, len(ids)) if mask[i]]
+            np.testing.assert_allclose(
+                [lps[i] for i in agent_pos], want[[i - 1 for i in agent_pos]].numpy(), rtol=1e-4, atol=1e-4
+            )
 
 
 def test_an_old_vllm_without_return_token_ids_negotiates_chat(tiny, tokenizer):
@@ -311,6 +351,8 @@ def test_transformers_serve_negotiates_chat_mode(transformers_server, tokenizer)
     out = MastermindEnv(tokenizer, {"max_turns": 2}).run_trial(TASKS, agent, num_rollouts=2)
     caps = agent.capabilities
     assert caps.mode == "chat" and caps.source == "probe" and "return_token_ids" in caps.dropped
+    assert {"top_k", "min_p", "repetition_penalty"} <= set(caps.dropped)  # not OpenAI fields: 422, dropped
+    assert "presence_penalty" not in caps.dropped and "frequency_penalty" not in caps.dropped  # OpenAI's own
     assert "return_token_ids" in caps.notes[0]  # the token probe's 422 named it
     assert not caps.returns_ids and not caps.returns_logprobs  # 'logprobs' is accepted and silently ignored
     assert all(s in ("done", "truncated") for s in out["statuses"]), out["errors"]

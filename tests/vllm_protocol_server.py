@@ -1,11 +1,15 @@
 """A loopback server that speaks vLLM's OpenAI protocol and samples with a transformers model on CPU.
 
-Request and response shapes follow vLLM's protocol classes as read at these commits (the
-search index's copies; see /work/notes/servers.md):
+Request and response shapes, and the sampling, follow these files of vLLM's source (GitHub
+``vllm-project/vllm``, at the commits given where they were read):
 
 * ``vllm/entrypoints/openai/completion/protocol.py`` @002032ee2b18 — ``CompletionRequest``
   (``prompt: list[int] | str``, ``logprobs: int``, ``return_token_ids``, ``stop_token_ids``,
-  ``seed``, extra fields allowed and ignored), ``CompletionResponse``/``CompletionResponseChoice``
+  ``seed``, ``top_k``/``min_p``/``repetition_penalty``/``presence_penalty``/``frequency_penalty``,
+  extra fields allowed and ignored); ``CompletionRequest.to_sampling_params``: a field the request
+  leaves unset (``None``) takes the server's default, else OpenAI's (``_DEFAULT_SAMPLING_PARAMS``:
+  temperature 1, top_p 1, top_k 0 = off, min_p 0, penalties neutral);
+  ``CompletionResponse``/``CompletionResponseChoice``
   (``text``, ``logprobs{text_offset,token_logprobs,tokens,top_logprobs}``, ``finish_reason``,
   ``stop_reason``, ``token_ids``, ``prompt_token_ids``, ``prompt_logprobs``; ``logit_bias`` is applied
   as a logits processor, so raw log-probs include it here);
@@ -14,15 +18,25 @@ search index's copies; see /work/notes/servers.md):
   ``logprobs.content[*]{token,logprob,bytes,top_logprobs}``);
 * ``vllm/entrypoints/openai/engine/protocol.py`` @040a2cc2a629 — ``ErrorResponse``
   ``{"error": {"message", "type", "param", "code"}}``;
+* ``vllm/config/model.py`` @18ec66292536 ``ModelConfig.get_diff_sampling_param`` — the server's
+  defaults: with ``--generation-config auto`` (the default) the served model's
+  ``generation_config.json`` values of ``repetition_penalty``, ``temperature``, ``top_k``, ``top_p``,
+  ``min_p`` and ``max_new_tokens`` (as ``max_tokens``). Here: ``generation_config=`` or, by default,
+  the model's ``generation_config`` (loaded from ``generation_config.json`` in ``main``);
 * ``vllm/v1/core/sched/utils.py`` @018d5dc78efa ``check_stop`` — the EOS/stop id is the last
   sampled id (kept in ``token_ids`` and log-probs, cut from ``text``); ``stop_reason`` is the id
   for a ``stop_token_ids`` hit and ``null`` for EOS;
-* ``--logprobs-mode``: ``raw_logprobs`` (default, ``log_softmax(logits)``) or
-  ``processed_logprobs`` (after temperature and top-p; -inf clamped to -9999.0).
+* ``vllm/v1/sample/sampler.py`` ``Sampler.forward``/``sample`` and
+  ``vllm/v1/sample/ops/topk_topp_sampler.py`` ``TopKTopPSampler.forward_native`` — the order:
+  raw log-probs, then penalties (repetition on prompt and output ids, frequency and presence on
+  output ids), temperature, min-p, top-k and top-p, sampling; ``--logprobs-mode``:
+  ``raw_logprobs`` (default, ``log_softmax(logits)`` before all of it) or ``processed_logprobs``
+  (``log_softmax`` after top-k/top-p, renormalised over the kept tokens; -inf clamped to -9999.0).
 
 Sampling is a plain loop (KV cache, ``torch.Generator`` seeded with the request's ``seed``).
-Every request is logged in ``server.log`` (endpoint, prompt ids, sampled ids, log-probs), so
-tests can compare what the server did with what hf_rollouts stored.
+Every request is logged in ``server.log`` (endpoint, body, the sampling parameters in effect,
+prompt ids, sampled ids, log-probs), so tests can compare what the server did with what
+hf_rollouts stored.
 
 Run by hand: ``python tests/vllm_protocol_server.py --model DIR --port 8011 [--logprobs-mode processed_logprobs]``.
 """
@@ -35,12 +49,35 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import torch
 
 MAX_MODEL_LEN = 4096
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+OPENAI_DEFAULTS = {  # CompletionRequest._DEFAULT_SAMPLING_PARAMS, and max_tokens' field default
+    "max_tokens": 16,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+GENERATION_CONFIG_FIELDS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
+
+
+def server_defaults(generation_config: Any) -> dict[str, Any]:
+    """vLLM's ``get_diff_sampling_param`` for ``--generation-config auto``: the config's non-default sampling values."""
+    if generation_config is None:
+        return {}
+    diff = generation_config.to_diff_dict()
+    found = {k: diff[k] for k in GENERATION_CONFIG_FIELDS if diff.get(k) is not None}
+    if "max_new_tokens" in found:
+        found["max_tokens"] = found.pop("max_new_tokens")
+    return found
 
 
 class BadRequest(Exception):
@@ -58,6 +95,8 @@ class VLLMProtocolServer:
         logprobs_mode: vLLM's ``--logprobs-mode`` (``raw_logprobs`` or ``processed_logprobs``).
         return_token_ids_supported: ``False`` imitates a vLLM older than ``return_token_ids``
             (the field is accepted and ignored: a 200 without ids).
+        generation_config: a ``transformers.GenerationConfig`` whose sampling values fill the fields
+            a request leaves unset (vLLM's ``--generation-config auto``); default the model's own.
     """
 
     def __init__(
@@ -68,6 +107,7 @@ class VLLMProtocolServer:
         served_model_name: str = "tiny",
         logprobs_mode: str = "processed_logprobs",
         return_token_ids_supported: bool = True,
+        generation_config: Any = None,
         port: int = 0,
     ) -> None:
         if logprobs_mode not in LOGPROBS_MODES:
@@ -75,6 +115,8 @@ class VLLMProtocolServer:
         self.model, self.tokenizer = model.eval(), tokenizer
         self.name, self.logprobs_mode = served_model_name, logprobs_mode
         self.return_token_ids_supported = return_token_ids_supported
+        config = generation_config if generation_config is not None else getattr(model, "generation_config", None)
+        self.defaults = server_defaults(config)
         self.log: list[dict[str, Any]] = []
         self.ignored_fields: list[str] = []
         self._model_lock = threading.Lock()
@@ -135,6 +177,7 @@ class VLLMProtocolServer:
         known = {
             "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
             "logprobs", "top_logprobs", "return_token_ids", "stop_token_ids", "n", "stream", "logit_bias",
+            "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
         }  # fmt: skip
         self.ignored_fields += [k for k in body if k not in known]  # vLLM: extra="allow", a warning only
         if body.get("n", 1) != 1 or body.get("stream"):
@@ -142,11 +185,18 @@ class VLLMProtocolServer:
         stop = body.get("stop_token_ids") or []
         if not (isinstance(stop, list) and all(isinstance(i, int) for i in stop)):
             raise BadRequest("stop_token_ids must be a list of ints", "stop_token_ids")
-        temperature = body.get("temperature")
+        sent = {**body, "max_tokens": body.get("max_completion_tokens") or body.get("max_tokens")}
+        # to_sampling_params: the request's value, else the server's default, else OpenAI's
+        p = {k: sent[k] if sent.get(k) is not None else self.defaults.get(k, d) for k, d in OPENAI_DEFAULTS.items()}
+        if not (p["top_k"] >= -1 and 0 <= p["min_p"] <= 1 and p["repetition_penalty"] > 0):  # SamplingParams
+            raise BadRequest(
+                f"invalid sampling parameters: top_k={p['top_k']} (>= -1), min_p={p['min_p']} (in [0, 1]), "
+                f"repetition_penalty={p['repetition_penalty']} (> 0)"
+            )
         return {
-            "max_tokens": int(body.get("max_completion_tokens") or body.get("max_tokens") or 16),
-            "temperature": 1.0 if temperature is None else float(temperature),
-            "top_p": float(body.get("top_p") if body.get("top_p") is not None else 1.0),
+            **{k: float(v) for k, v in p.items() if k not in ("max_tokens", "top_k")},
+            "max_tokens": int(p["max_tokens"]),
+            "top_k": int(p["top_k"]),
             "seed": body.get("seed"),
             "stop_token_ids": stop,
             "return_ids": bool(body.get("return_token_ids")) and self.return_token_ids_supported,
@@ -185,7 +235,7 @@ class VLLMProtocolServer:
             "prompt_token_ids": prompt_ids if params["return_ids"] else None,
             "routed_experts": None,
         }
-        self._record("completions", body, prompt_ids, ids, lps)
+        self._record("completions", body, params, prompt_ids, ids, lps)
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
@@ -222,7 +272,7 @@ class VLLMProtocolServer:
             "stop_reason": stop_reason,
             "token_ids": ids if params["return_ids"] else None,
         }
-        self._record("chat", body, prompt_ids, ids, lps)
+        self._record("chat", body, params, prompt_ids, ids, lps)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
@@ -256,17 +306,11 @@ class VLLMProtocolServer:
                 for token_id, bias in p["logit_bias"].items():  # OpenAI's logit_bias, a logits processor
                     logits[token_id] += bias
                 raw = torch.log_softmax(logits, -1)
+                logits = _penalized(logits, prompt_ids, ids, p)
                 if p["temperature"] == 0:
-                    token, processed = int(torch.argmax(logits)), raw
+                    token, processed = int(torch.argmax(logits)), torch.log_softmax(logits, -1)
                 else:
-                    scaled = logits / p["temperature"]
-                    if p["top_p"] < 1.0:
-                        probs = torch.softmax(scaled, -1)
-                        order = torch.argsort(probs, descending=True)
-                        outside = torch.cumsum(probs[order], -1) - probs[order] >= p["top_p"]
-                        scaled = scaled.clone()
-                        scaled[order[outside]] = float("-inf")
-                    processed = torch.log_softmax(scaled, -1)
+                    processed = torch.log_softmax(_truncated(logits / p["temperature"], p), -1)
                     token = int(torch.multinomial(processed.exp(), 1, generator=gen))
                 chosen = (processed if self.logprobs_mode == "processed_logprobs" else raw)[token]
                 ids.append(token)
@@ -282,10 +326,46 @@ class VLLMProtocolServer:
         shown = ids[:-1] if finish == "stop" else ids  # the detokenizer drops the stop token from the text
         return self.tokenizer.decode(shown, skip_special_tokens=True)
 
-    def _record(self, endpoint: str, body: dict, prompt_ids: list[int], ids: list[int], lps: list[float]) -> None:
+    def _record(self, endpoint: str, body: dict, params: dict, prompt_ids: list, ids: list, lps: list) -> None:
         self.log.append(
-            {"endpoint": endpoint, "body": body, "prompt_ids": list(prompt_ids), "token_ids": ids, "logprobs": lps}
+            {
+                "endpoint": endpoint,
+                "body": body,
+                "params": {k: params[k] for k in OPENAI_DEFAULTS},  # the sampling parameters in effect
+                "prompt_ids": list(prompt_ids),
+                "token_ids": ids,
+                "logprobs": lps,
+            }
         )
+
+
+def _penalized(logits: torch.Tensor, prompt_ids: list[int], ids: list[int], p: dict[str, Any]) -> torch.Tensor:
+    """vLLM's ``apply_penalties``: repetition on prompt and output ids, frequency and presence on output ids."""
+    logits = logits.clone()
+    if p["repetition_penalty"] != 1.0:
+        seen = torch.tensor(sorted(set(prompt_ids) | set(ids)))
+        values = logits[seen]
+        logits[seen] = torch.where(values > 0, values / p["repetition_penalty"], values * p["repetition_penalty"])
+    if ids and (p["frequency_penalty"] or p["presence_penalty"]):
+        counts = torch.bincount(torch.tensor(ids), minlength=logits.numel()).float()
+        logits -= p["frequency_penalty"] * counts + p["presence_penalty"] * (counts > 0).float()
+    return logits
+
+
+def _truncated(scaled: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
+    """min-p, then top-k, then top-p on temperature-scaled logits (removed tokens at -inf)."""
+    scaled = scaled.clone()
+    probs = torch.softmax(scaled, -1)
+    if p["min_p"] > 0:
+        scaled[probs < p["min_p"] * probs.max()] = float("-inf")
+    if p["top_k"] > 0:
+        scaled[scaled < torch.topk(scaled, min(p["top_k"], scaled.numel())).values[-1]] = float("-inf")
+    if p["top_p"] < 1.0:
+        probs = torch.softmax(scaled, -1)
+        order = torch.argsort(probs, descending=True)
+        outside = torch.cumsum(probs[order], -1) - probs[order] >= p["top_p"]
+        scaled[order[outside]] = float("-inf")
+    return scaled
 
 
 def _usage(prompt_ids: list[int], ids: list[int]) -> dict[str, Any]:
@@ -298,7 +378,7 @@ def _error(message: str, kind: str, param: str | None, code: int) -> dict[str, A
 
 
 def main() -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     parser = argparse.ArgumentParser(description="vLLM-protocol test server (transformers on CPU, loopback only)")
     parser.add_argument("--model", required=True, help="local model directory")
@@ -308,8 +388,16 @@ def main() -> None:
     args = parser.parse_args()
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
+    config = None  # vLLM's --generation-config auto: the model directory's generation_config.json, if any
+    if (Path(args.model) / "generation_config.json").is_file():
+        config = GenerationConfig.from_pretrained(args.model)
     server = VLLMProtocolServer(
-        model, tokenizer, served_model_name=args.served_model_name, logprobs_mode=args.logprobs_mode, port=args.port
+        model,
+        tokenizer,
+        served_model_name=args.served_model_name,
+        logprobs_mode=args.logprobs_mode,
+        generation_config=config,
+        port=args.port,
     )
     print(f"serving {args.model} as {args.served_model_name!r} on {server.url}", flush=True)
     server.httpd.serve_forever()

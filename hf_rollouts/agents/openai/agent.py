@@ -15,24 +15,23 @@ concurrently (up to ``concurrency`` at once, over pooled connections; see :mod:`
   serve``): message text in; ids are kept only when the per-turn checks pass, else the text is
   stored and re-tokenized once by the env (``sampled=0``).
 
-**Log-probs.** vLLM returns, by default, ``log_softmax`` of the *raw* logits (before
-temperature); hf_rollouts' convention is ``log_softmax(logits / T)``. ``logprobs_mode`` says
-which one the server returns (start vLLM with ``--logprobs-mode processed_logprobs`` and set
-``logprobs_mode="processed"``); :meth:`logprob_convention` reports it, the dataset card stores
-it and :mod:`hf_rollouts.training` refuses to mix conventions.
+**Sampling and log-probs** (:mod:`.sampling_params`). Every request carries every sampling field,
+the unused ones at neutral values, so no server fills them from the model's ``generation_config``.
+vLLM returns, by default, ``log_softmax`` of the *raw* logits (before temperature); hf_rollouts'
+convention is ``log_softmax(logits / T)``. ``logprobs_mode`` says which one the server returns;
+:meth:`logprob_convention` reports it, the dataset card stores it and :mod:`hf_rollouts.training`
+refuses to mix conventions. ``logprobs_mode="processed"`` with ``top_p < 1`` is refused when the
+agent is built (vLLM's processed log-probs are taken after top-p).
 
 **Failures.** Transient errors are retried (:mod:`.http`); a request that fails for good, or an
 answer without usable content or ids, is returned as :class:`OpenAIRequestError` in its slot of
-``act_batch``, so only that episode is recorded as ``error``.
+``act_batch``, so only that episode is recorded as ``error``. A failed probe is remembered: every
+later request fails at once with its error (a dead server fails fast) until :meth:`close`.
 
-**Seeds.** With ``seed`` set, every request carries its own seed, derived from ``seed`` and the
-request's own seed (the pipeline's ``(run seed, task row, rollout, turn)``; outside a seeded run,
-the last :meth:`set_seed`, the episode's ``session_id`` and the turn): rollouts of one task sample
-differently, a rerun sends the same seeds whatever the batching or the answer order, and whether
-the server honours them is up to it.
+**Seeds.** With ``seed`` set, each request carries its own (:func:`~.sampling_params.request_seed`):
+a rerun sends the same seeds whatever the batching; whether the server honours them is up to it.
 
-``stats`` counts requests, attempts, retries, failures, token-exact answers, prompts the server
-echoed and that matched (``prompts_verified``), text fallbacks, token mismatches and probe requests.
+``stats`` counts requests, retries, failures, token-exact answers, text fallbacks, ... (:mod:`.stats`).
 """
 
 from __future__ import annotations
@@ -40,30 +39,20 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from typing import Any
 
-from ...seeding import derive_seed
 from ...types import Action, AgentRequest, Message
 from ..base import Agent
 from ..sampling import SamplingConfig
 from .chat_mode import chat_action, chat_body
-from .completions import completion_action, completion_body
+from .completions import completion_action, completion_body, end_of_turn_ids, render_prompt
 from .http import JSONClient
-from .negotiation import Capabilities, negotiate
+from .negotiation import Capabilities, negotiate, post_dropping
+from .sampling_params import NEUTRAL_FIELDS, check_logprob_settings, logprob_convention, request_seed
 from .settings import OpenAIRequestError, OpenAISettings, chat_completions_url, completions_url, parse_openai_spec
+from .stats import STAT_KEYS, RequestStats
 
-STAT_KEYS = (
-    "requests",
-    "attempts",
-    "retries",
-    "failures",
-    "token_exact",
-    "prompts_verified",
-    "text_fallbacks",
-    "token_mismatches",
-    "probe_requests",
-)
 _SAMPLING_FIELDS = {f.name for f in fields(SamplingConfig)}
 
 
@@ -78,6 +67,10 @@ class OpenAIChatAgent(Agent):
             needs it (stop ids, vocabulary checks); chat mode uses it for the id checks.
         api_key: overrides the key read from ``settings.api_key_env``; never part of
             :meth:`fingerprint` or :meth:`describe`, never sent on a redirect (none is followed).
+
+    Raises:
+        ValueError: for ``logprobs_mode="processed"`` with top-p (or top-k, min-p, penalties) active,
+            whose log-probs no trainer could recompute (:func:`~.sampling_params.check_logprob_settings`).
     """
 
     thread_safe = True  # answers may be requested from several threads at once (e.g. by a gamemaster)
@@ -98,6 +91,7 @@ class OpenAIChatAgent(Agent):
             raise TypeError("Pass either a SamplingConfig or temperature/top_p/max_new_tokens, not both.")
         self.settings = settings or OpenAISettings(**kwargs)
         self.sampling = sampling or SamplingConfig(**sampling_kwargs)
+        check_logprob_settings(self.settings, self.sampling)
         self.completions_endpoint = completions_url(self.settings.base_url)
         self.endpoint = chat_completions_url(self.settings.base_url)
         self.tokenizer = tokenizer
@@ -105,7 +99,9 @@ class OpenAIChatAgent(Agent):
         self._api_key = api_key if api_key is not None else os.environ.get(self.settings.api_key_env) or None
         self._run_seed = self.settings.seed
         self.capabilities: Capabilities | None = None
-        self.stats = dict.fromkeys(STAT_KEYS, 0)
+        self._probe_failure: str | None = None
+        self._stop_ids: list[int] | None = None
+        self.stats = RequestStats()
         self._setup()
 
     def _setup(self) -> None:
@@ -140,10 +136,14 @@ class OpenAIChatAgent(Agent):
         self._setup()
 
     def close(self) -> None:
-        """Stop the request threads and close pooled connections (a later call opens new ones)."""
+        """Stop the request threads and close pooled connections (a later call opens new ones).
+
+        Also forgets a failed probe, so the next request probes the server again.
+        """
         with self._lock:
             pool, self._pool = self._pool, None
             client, self._client = self._client, None
+            self._probe_failure = None
         if pool is not None:
             pool.shutdown(wait=True)
         if client is not None:
@@ -170,61 +170,56 @@ class OpenAIChatAgent(Agent):
             return self._client
 
     def _count(self, key: str, n: int = 1) -> None:
-        with self._lock:
-            self.stats[key] += n
+        self.stats.count(key, n)
 
     # -- negotiation ---------------------------------------------------------------
     def negotiate(self) -> Capabilities:
-        """The negotiated :class:`~.negotiation.Capabilities`, probing the server on the first call."""
+        """The negotiated :class:`~.negotiation.Capabilities`, probing the server on the first call.
+
+        A failed probe is remembered until :meth:`close`: later calls raise its error at once.
+        """
         with self._negotiation_lock:
             if self.capabilities is None:
-                probe_sampling = SamplingConfig(
-                    temperature=self.sampling.temperature, top_p=self.sampling.top_p, max_new_tokens=1
-                )
-                seed = 0 if self.settings.seed is not None else None
-                hello = [{"role": "user", "content": "Hi"}]
-                token_probe = None
-                if self.tokenizer is not None:
-                    token_probe = completion_body(
-                        self.settings.model,
-                        self._render(hello),
-                        probe_sampling,
-                        seed=seed,
-                        stop_token_ids=self.stop_token_ids(),
-                        extra=self.settings.extra_body,
-                    )
-                self.capabilities = negotiate(
-                    self._http().post,
-                    self.settings,
-                    completions_url=self.completions_endpoint,
-                    chat_url=self.endpoint,
-                    token_probe=token_probe,
-                    chat_probe=chat_body(
-                        self.settings.model, hello, probe_sampling, seed=seed, extra=self.settings.extra_body
-                    ),
-                    count=self._count,
-                )
+                if self._probe_failure is not None:
+                    raise OpenAIRequestError(f"{self._probe_failure} (probe failed earlier; close() to probe again)")
+                try:
+                    self.capabilities = self._probe()
+                except Exception as exc:
+                    error = _failed(exc, None)
+                    self._probe_failure = f"negotiation with {self.settings.base_url} failed: {error}"
+                    if error is exc:
+                        raise
+                    raise error from exc
             return self.capabilities
 
+    def _probe(self) -> Capabilities:
+        s, hello = self.settings, [{"role": "user", "content": "Hi"}]
+        one = replace(self.sampling, max_new_tokens=1)
+        seed = 0 if s.seed is not None else None
+        token_probe = None
+        if self.tokenizer is not None:
+            prompt = render_prompt(self.tokenizer, hello)
+            token_probe = completion_body(
+                s.model, prompt, one, seed=seed, stop_token_ids=self.stop_token_ids(), extra=s.extra_body
+            )
+        return negotiate(
+            self._http().post,
+            self.settings,
+            completions_url=self.completions_endpoint,
+            chat_url=self.endpoint,
+            token_probe=token_probe,
+            chat_probe=chat_body(s.model, hello, one, seed=seed, extra=s.extra_body),
+            count=self._count,
+        )
+
     def stop_token_ids(self) -> list[int]:
-        """The end-of-turn ids sent as ``stop_token_ids`` in token mode (eos, and the template's closing token)."""
-        if self.tokenizer is None:
-            return []
-        from ...chat import ChatDelta, ChatTemplateError
+        """The end-of-turn ids sent as ``stop_token_ids`` in token mode (eos, and the template's closing token).
 
-        try:
-            return list(ChatDelta(self.tokenizer).stop_token_ids)
-        except ChatTemplateError:
-            eos = self.tokenizer.eos_token_id
-            return list(eos) if isinstance(eos, list) else ([eos] if eos is not None else [])
-
-    def _render(self, messages: list[Message]) -> list[int]:
-        tok = self.tokenizer
-        if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        else:
-            text = "\n".join(m["content"] for m in messages)
-        return tok(text, add_special_tokens=False)["input_ids"]
+        Computed once per agent (:func:`~.completions.end_of_turn_ids` renders the chat template).
+        """
+        if self._stop_ids is None:
+            self._stop_ids = end_of_turn_ids(self.tokenizer)
+        return list(self._stop_ids)
 
     # -- Agent API -----------------------------------------------------------------
     def set_seed(self, seed: int) -> None:
@@ -246,9 +241,8 @@ class OpenAIChatAgent(Agent):
             return []
         try:
             self.negotiate()
-        except Exception as exc:
-            error = exc if isinstance(exc, OpenAIRequestError) else OpenAIRequestError(f"negotiation failed: {exc}")
-            return [error for _ in requests]
+        except OpenAIRequestError as exc:
+            return [exc for _ in requests]
         pool = self._executor()
         futures = [pool.submit(self._answer, r) for r in requests]
         results: list[tuple[Action, Any] | Exception] = []
@@ -256,13 +250,7 @@ class OpenAIChatAgent(Agent):
             try:
                 results.append((future.result(), requests[i].agent_state))
             except Exception as exc:
-                results.append(
-                    exc
-                    if isinstance(exc, OpenAIRequestError)
-                    else OpenAIRequestError(
-                        f"request for session {requests[i].session_id or i!r} failed: {type(exc).__name__}: {exc}"
-                    )
-                )
+                results.append(_failed(exc, requests[i].session_id or i))
         return results
 
     answers_per_request = True
@@ -282,26 +270,14 @@ class OpenAIChatAgent(Agent):
             except OpenAIRequestError:
                 raise
             except Exception as exc:
-                raise OpenAIRequestError(
-                    f"request for session {request.session_id!r} failed: {type(exc).__name__}: {exc}"
-                ) from exc
+                raise _failed(exc, request.session_id) from exc
 
         return self._executor().submit(answer)
 
     def logprob_convention(self) -> dict[str, Any] | None:
-        """What the stored log-probs are: ``log_softmax(logits / temperature)`` with this ``temperature``.
-
-        ``{"kind": "raw", "temperature": 1.0}`` for a server returning raw log-probs (vLLM's
-        default), ``{"kind": "processed", "temperature": T}`` after temperature (1.0 for greedy).
-        ``None`` before negotiation or when the server returns no log-probs.
-        """
+        """What the stored log-probs are (:func:`~.sampling_params.logprob_convention`); ``None`` before negotiation."""
         caps = self.capabilities
-        if caps is None or not caps.returns_logprobs:
-            return None
-        if self.settings.logprobs_mode == "raw":
-            return {"kind": "raw", "temperature": 1.0}
-        t = self.sampling.temperature
-        return {"kind": "processed", "temperature": t if t > 0 else 1.0}
+        return logprob_convention(self.settings, self.sampling, caps is not None and caps.returns_logprobs)
 
     def fingerprint(self) -> dict[str, Any]:
         """Settings that change samples, plus the negotiated mode (probing the server if not done yet)."""
@@ -341,12 +317,8 @@ class OpenAIChatAgent(Agent):
 
     # -- one request ----------------------------------------------------------------
     def request_seed(self, request: AgentRequest) -> int | None:
-        """The seed sent with ``request``: distinct per run seed, episode and turn."""
-        if self.settings.seed is None:
-            return None
-        if request.seed is not None:
-            return derive_seed(self.settings.seed, request.seed) & 0x7FFFFFFF
-        return derive_seed(self.settings.seed, self._run_seed, request.session_id, len(request.messages)) & 0x7FFFFFFF
+        """The seed sent with ``request`` (:func:`~.sampling_params.request_seed`)."""
+        return request_seed(self.settings.seed, self._run_seed, request)
 
     def request_body(self, request: AgentRequest) -> dict[str, Any]:
         """The body sent for ``request`` in the negotiated mode (chat before negotiation)."""
@@ -365,13 +337,23 @@ class OpenAIChatAgent(Agent):
             s.model, request.messages, self.sampling, seed=self.request_seed(request), extra=s.extra_body, caps=caps
         )
 
+    def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body``; neutral sampling fields the server rejects by name are dropped for good (not a failure)."""
+        data, dropped = post_dropping(self._http().post, url, body, tuple(NEUTRAL_FIELDS))
+        if dropped:
+            with self._lock:
+                caps = self.capabilities
+                new = tuple(f for f in dict.fromkeys(dropped) if caps.sends(f))
+                self.capabilities = replace(caps, dropped=caps.dropped + new)
+        return data
+
     def _answer(self, request: AgentRequest) -> Action:
         self._count("requests")
         try:
             caps = self.negotiate()
             if caps.mode == "tokens":
                 return self._answer_tokens(request, caps)
-            data = self._http().post(self.endpoint, self.request_body(request))
+            data = self._post(self.endpoint, self.request_body(request))
             return chat_action(
                 data,
                 request,
@@ -390,11 +372,11 @@ class OpenAIChatAgent(Agent):
                 raise OpenAIRequestError("token mode needs prompt ids or a tokenizer to render the messages.")
             request = AgentRequest(
                 messages=request.messages,
-                prompt_token_ids=self._render(request.messages),
+                prompt_token_ids=render_prompt(self.tokenizer, request.messages),
                 agent_state=request.agent_state,
                 session_id=request.session_id,
             )
-        data = self._http().post(self.completions_endpoint, self.request_body(request))
+        data = self._post(self.completions_endpoint, self.request_body(request))
         action, checked = completion_action(
             data, request, caps, tokenizer=self.tokenizer, where=f"POST {self.completions_endpoint}"
         )
@@ -402,6 +384,14 @@ class OpenAIChatAgent(Agent):
         if checked:
             self._count("prompts_verified")
         return action
+
+
+def _failed(exc: Exception, session: Any) -> OpenAIRequestError:
+    """``exc`` as the :class:`OpenAIRequestError` an episode records (``session`` ``None``: the probe's)."""
+    if isinstance(exc, OpenAIRequestError):
+        return exc
+    what = "the probe" if session is None else f"the request for session {session!r}"
+    return OpenAIRequestError(f"{what} failed: {type(exc).__name__}: {exc}")
 
 
 __all__ = ["OpenAIChatAgent", "STAT_KEYS"]

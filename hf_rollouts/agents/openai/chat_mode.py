@@ -11,6 +11,9 @@ only when they pass the per-turn checks:
 On a failed check ``on_token_mismatch`` decides: ``"text"`` (default) stores the text only
 (re-tokenized by the env, ``sampled=0``), ``"keep"`` keeps the ids, ``"error"`` fails the episode.
 An answer without text and without ids is always an error.
+
+The request carries every sampling field, neutral values included (:mod:`.sampling_params`);
+negotiation drops those the server rejects by name.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ...types import Action, AgentRequest
 from ..sampling import SamplingConfig
 from .negotiation import Capabilities
 from .parsing import parse_chat, prompt_difference, text_problem, vocabulary_problem
+from .sampling_params import sampling_fields
 from .settings import OpenAIRequestError
 
 
@@ -39,9 +43,7 @@ def chat_body(
     body: dict[str, Any] = {
         "model": model,
         "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "max_tokens": max_tokens or sampling.max_new_tokens,
+        **sampling_fields(sampling, max_tokens),
         "logprobs": True,
         "return_token_ids": True,
     }

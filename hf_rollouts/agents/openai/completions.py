@@ -3,12 +3,15 @@
 The request follows vLLM's ``CompletionRequest`` (``vllm/entrypoints/openai/completion/protocol.py``)::
 
     {"model", "prompt": [ids], "max_tokens", "temperature", "top_p", "seed",
+     "top_k": -1, "min_p": 0, "repetition_penalty": 1, "presence_penalty": 0, "frequency_penalty": 0,
      "logprobs": 0, "return_token_ids": true, "stop_token_ids": [end-of-turn ids]}
 
 ``logprobs: 0`` asks for the sampled token's log-prob only; every sampling parameter is sent,
-because a server fills unset ones from the model's ``generation_config``. SGLang accepts the
-same fields. The server conditions on exactly ``prompt``, so no chat template can rewrite the
-history. The contract of each answer (all failures raise, never a text fallback):
+because a server fills unset ones from the model's ``generation_config`` (see
+:mod:`.sampling_params`). SGLang accepts the same fields. The server conditions on exactly
+``prompt``, so no chat template can rewrite the history. The stop ids are the env tokenizer's
+end-of-turn ids (:func:`end_of_turn_ids`). The contract of each answer (all failures raise,
+never a text fallback):
 
 * ``choices[0].token_ids`` is a non-empty id list and is stored verbatim (vLLM and SGLang keep
   the stop token as its last id);
@@ -22,11 +25,37 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...types import Action, AgentRequest
+from ...types import Action, AgentRequest, Message
 from ..sampling import SamplingConfig
 from .negotiation import Capabilities
 from .parsing import parse_completion, prompt_difference, vocabulary_problem
+from .sampling_params import sampling_fields
 from .settings import OpenAIRequestError
+
+
+def end_of_turn_ids(tokenizer: Any) -> list[int]:
+    """The ids that end an agent turn (eos, and the chat template's closing token), sent as ``stop_token_ids``.
+
+    Building them renders the chat template a few times: compute once per agent.
+    """
+    if tokenizer is None:
+        return []
+    from ...chat import ChatDelta, ChatTemplateError
+
+    try:
+        return list(ChatDelta(tokenizer).stop_token_ids)
+    except ChatTemplateError:
+        eos = tokenizer.eos_token_id
+        return list(eos) if isinstance(eos, list) else ([eos] if eos is not None else [])
+
+
+def render_prompt(tokenizer: Any, messages: list[Message]) -> list[int]:
+    """``messages`` rendered once with the chat template and a generation prompt (no stored ids to send)."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:
+        text = "\n".join(m["content"] for m in messages)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def completion_body(
@@ -46,9 +75,7 @@ def completion_body(
     body: dict[str, Any] = {
         "model": model,
         "prompt": list(prompt_ids),
-        "max_tokens": max_tokens or sampling.max_new_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
+        **sampling_fields(sampling, max_tokens),
         "logprobs": 0,
         "return_token_ids": True,
     }

@@ -10,9 +10,11 @@ Built on ``httpx2`` (pydantic's maintained ``httpx`` fork, already installed as 
 * ``trust_env=False`` for loopback servers, so a ``HTTP(S)_PROXY`` variable cannot divert them.
 
 **Total deadline.** httpx's timeouts bound each socket operation, so a server that trickles one
-byte at a time would never trip them. Each attempt here has one deadline (``timeout`` seconds
-from its start): waiting for the answer's headers is bounded by the read timeout, and the body
-is read in chunks with a watchdog that shuts the socket down when the deadline passes.
+byte at a time (of its status line, its headers or its body) would never trip them. Each attempt
+here has one deadline, ``timeout`` seconds from the moment it is sent: the client's network
+backend (:class:`_DeadlineBackend`, installed in every connection pool of the client) cuts the
+timeout of every connect, write and read to the time left, so the attempt ends at its deadline
+whichever phase the server stalls in.
 
 **Retries.** Connection errors, timeouts, a missed deadline, HTTP 429 and 5xx, and a 200 whose
 body is not a JSON object are retried ``max_retries`` times with exponential backoff (``backoff *
@@ -25,13 +27,14 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import socket
 import threading
 import time
 import urllib.parse
+import warnings
 from collections.abc import Callable
 from typing import Any
 
+import httpcore2
 import httpx2
 
 from .settings import OpenAIHTTPError, OpenAIRequestError, OpenAISettings
@@ -71,6 +74,87 @@ class _DeadlineExceeded(Exception):
     pass
 
 
+class _Deadline(threading.local):
+    """The deadline of the attempt the current thread is making (``at`` is ``None`` between attempts)."""
+
+    at: float | None = None
+
+    def call(self, io: Callable[[float | None], Any], timeout: float | None) -> Any:
+        """``io(timeout)`` with ``timeout`` cut to the time left; past the deadline, :class:`_DeadlineExceeded`."""
+        if self.at is None:
+            return io(timeout)
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise _DeadlineExceeded
+        try:
+            return io(left if timeout is None else min(timeout, left))
+        except httpcore2.TimeoutException:
+            if time.monotonic() >= self.at:
+                raise _DeadlineExceeded from None
+            raise
+
+
+class _DeadlineStream(httpcore2.NetworkStream):
+    """A connection whose every read and write ends by the current attempt's deadline."""
+
+    def __init__(self, inner: httpcore2.NetworkStream, deadline: _Deadline) -> None:
+        self._inner, self._deadline = inner, deadline
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._deadline.call(lambda t: self._inner.read(max_bytes, t), timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._deadline.call(lambda t: self._inner.write(buffer, t), timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
+        tls = self._deadline.call(lambda t: self._inner.start_tls(ssl_context, server_hostname, t), timeout)
+        return _DeadlineStream(tls, self._deadline)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore2.NetworkBackend):
+    """httpcore's network backend, with every connection it opens a :class:`_DeadlineStream`."""
+
+    def __init__(self, inner: httpcore2.NetworkBackend, deadline: _Deadline) -> None:
+        self._inner, self._deadline = inner, deadline
+
+    def connect_tcp(
+        self, host: str, port: int, timeout: float | None = None, local_address: Any = None, socket_options: Any = None
+    ) -> httpcore2.NetworkStream:
+        connect = self._inner.connect_tcp
+        stream = self._deadline.call(lambda t: connect(host, port, t, local_address, socket_options), timeout)
+        return _DeadlineStream(stream, self._deadline)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> httpcore2.NetworkStream:
+        stream = self._deadline.call(lambda t: self._inner.connect_unix_socket(path, t, socket_options), timeout)
+        return _DeadlineStream(stream, self._deadline)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def _install_deadline(client: httpx2.Client, deadline: _Deadline) -> bool:
+    """Put :class:`_DeadlineBackend` under every connection pool of ``client``; ``False`` if one has none."""
+    installed = True
+    for transport in [client._transport, *client._mounts.values()]:  # the default transport and proxy mounts
+        if transport is None:  # a mount that disables proxying for some hosts
+            continue
+        pool = getattr(transport, "_pool", None)
+        if pool is None or not isinstance(getattr(pool, "_network_backend", None), httpcore2.NetworkBackend):
+            installed = False
+            continue
+        if not isinstance(pool._network_backend, _DeadlineBackend):
+            pool._network_backend = _DeadlineBackend(pool._network_backend, deadline)
+    return installed
+
+
 class JSONClient:
     """POSTs JSON bodies to one server and returns JSON objects (see the module docstring).
 
@@ -91,6 +175,14 @@ class JSONClient:
             limits=httpx2.Limits(max_connections=n, max_keepalive_connections=n),
             timeout=httpx2.Timeout(settings.timeout),
         )
+        self._deadline = _Deadline()
+        self.total_deadline = _install_deadline(self._client, self._deadline)
+        if not self.total_deadline:  # an httpx2 whose transports are built differently
+            warnings.warn(
+                "hf_rollouts could not install its per-attempt deadline in this httpx2 version: a server that "
+                f"trickles bytes is bounded only per read ({settings.timeout}s).",
+                stacklevel=2,
+            )
 
     def close(self) -> None:
         self._client.close()
@@ -111,7 +203,10 @@ class JSONClient:
             try:
                 status, headers, raw = self._attempt(url, body)
             except _DeadlineExceeded:
-                last_error = f"the answer did not complete within the {s.timeout}s deadline (a trickling server?)"
+                last_error = (
+                    f"timed out: the answer did not complete within the {s.timeout}s deadline "
+                    "(a slow or trickling server?)"
+                )
                 retry_after = None
                 continue
             except httpx2.TimeoutException as exc:
@@ -155,35 +250,13 @@ class JSONClient:
         )
 
     def _attempt(self, url: str, body: dict[str, Any]) -> tuple[int, httpx2.Headers, bytes]:
-        deadline = time.monotonic() + self.settings.timeout
-        with self._client.stream("POST", url, json=body, headers=self._headers) as response:
-            sock = _socket_of(response)
-            expired = threading.Event()
-
-            def shut_down() -> None:
-                expired.set()
-                if sock is not None:
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)  # wakes a read blocked on a stalled server
-                    except OSError:
-                        pass
-
-            watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), shut_down)
-            watchdog.daemon = True
-            watchdog.start()
-            try:
-                chunks = []
-                for chunk in response.iter_bytes():
-                    chunks.append(chunk)
-                    if time.monotonic() > deadline:
-                        raise _DeadlineExceeded
-            except httpx2.TransportError:
-                if expired.is_set():
-                    raise _DeadlineExceeded from None
-                raise
-            finally:
-                watchdog.cancel()
-            return response.status_code, response.headers, b"".join(chunks)
+        """One POST, from sending the request to the last byte of the answer within ``timeout`` seconds."""
+        self._deadline.at = time.monotonic() + self.settings.timeout
+        try:
+            with self._client.stream("POST", url, json=body, headers=self._headers) as response:
+                return response.status_code, response.headers, response.read()
+        finally:
+            self._deadline.at = None
 
     def _hint(self, status: int) -> str:
         s = self.settings
@@ -192,15 +265,6 @@ class JSONClient:
         if status in (401, 403):
             return f". Set the API key in ${s.api_key_env} (or pass api_key=)."
         return ""
-
-
-def _socket_of(response: httpx2.Response) -> socket.socket | None:
-    stream = response.extensions.get("network_stream")
-    try:
-        sock = stream.get_extra_info("socket") if stream is not None else None
-    except Exception:  # pragma: no cover - a transport without a socket
-        return None
-    return sock if isinstance(sock, socket.socket) else None
 
 
 def _retry_after(headers: httpx2.Headers) -> float | None:

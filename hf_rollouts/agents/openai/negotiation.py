@@ -13,6 +13,9 @@
 An HTTP 400/422 whose message names optional fields the probe sent (``"Unexpected fields in
 the request: {'stop_token_ids'}"``) drops those fields and retries; that is negotiation, not a
 failure. Connection errors and 5xx are retried by the client and, if they persist, raise.
+The neutral sampling fields (``top_k: -1``, ``min_p: 0``, ...; :mod:`.sampling_params`) are
+optional too, and are also dropped when a later request, sent without a probe, is rejected for
+naming them (:func:`post_dropping`).
 
 Explicit settings win: ``mode="tokens"`` or ``mode="chat"`` with ``request_token_ids`` and
 ``request_logprobs`` both set skip the probe (``source="settings"``).
@@ -26,9 +29,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .parsing import int_list
+from .sampling_params import NEUTRAL_FIELDS
 from .settings import OpenAIHTTPError, OpenAIRequestError, OpenAISettings
 
-OPTIONAL_FIELDS = ("return_token_ids", "logprobs", "stop_token_ids", "seed", "top_p")
+OPTIONAL_FIELDS = ("return_token_ids", "logprobs", "stop_token_ids", "seed", "top_p", *NEUTRAL_FIELDS)
 """Request fields a server may lack; the probe drops each one the server names in a 400/422."""
 
 Post = Callable[[str, dict[str, Any]], dict[str, Any]]
@@ -67,6 +71,35 @@ def _named_fields(detail: str, sent: dict[str, Any], droppable: tuple[str, ...])
     return [f for f in droppable if f in sent and re.search(rf"(?<![\w]){re.escape(f)}(?![\w])", detail)]
 
 
+def post_dropping(
+    post: Post,
+    url: str,
+    body: dict[str, Any],
+    droppable: tuple[str, ...],
+    *,
+    fatal: tuple[str, ...] = (),
+    before: Callable[[], None] = lambda: None,
+) -> tuple[dict[str, Any], list[str]]:
+    """POST ``body``; while the server answers 400/422 naming fields of ``droppable`` that the body
+    sends, drop them and POST again. ``(answer, dropped)``.
+
+    Any other error raises, as does a 400/422 that names none of them or names one of ``fatal``.
+    ``before`` is called before each POST.
+    """
+    body, dropped = dict(body), []
+    while True:
+        before()
+        try:
+            return post(url, body), dropped
+        except OpenAIHTTPError as exc:
+            named = _named_fields(exc.detail, body, droppable) if exc.status in (400, 422) else []
+            if not named or _named_fields(exc.detail, dict.fromkeys(fatal, 1), fatal):
+                raise
+            for f in named:
+                body.pop(f)
+                dropped.append(f)
+
+
 def _probe(
     post: Post,
     url: str,
@@ -75,22 +108,12 @@ def _probe(
     count: Callable[[str], None],
     fatal: tuple[str, ...] = (),
 ) -> tuple[dict[str, Any] | None, list[str], str]:
-    """POST ``body``, dropping fields the server names; ``(answer or None, dropped, why not)``.
-
-    A 400/422 naming one of ``fatal`` (or no droppable field) ends the probe with ``None``.
-    """
-    body, dropped = dict(body), []
-    while True:
-        count("probe_requests")
-        try:
-            return post(url, body), dropped, ""
-        except OpenAIHTTPError as exc:
-            named = _named_fields(exc.detail, body, droppable) if exc.status in (400, 422) else []
-            if not named or _named_fields(exc.detail, {f: 1 for f in fatal}, fatal):
-                return None, dropped, f"HTTP {exc.status} from {url}: {exc.detail[:200]}"
-            for f in named:
-                body.pop(f)
-                dropped.append(f)
+    """:func:`post_dropping` for a probe: ``(answer or None, dropped, why not)``; an HTTP error gives ``None``."""
+    try:
+        data, dropped = post_dropping(post, url, body, droppable, fatal=fatal, before=lambda: count("probe_requests"))
+    except OpenAIHTTPError as exc:
+        return None, [], f"HTTP {exc.status} from {url}: {exc.detail[:200]}"
+    return data, dropped, ""
 
 
 def negotiate(
