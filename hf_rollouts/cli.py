@@ -202,29 +202,10 @@ def cmd_tasks(argv: list[str]) -> int:
     return 0
 
 
-def cmd_generate(argv: list[str]) -> int:
-    from .agents.sampling import SamplingConfig
-    from .pipeline import RolloutOptions
-
-    parser = HfArgumentParser([GenerateArgs, RolloutOptions, SamplingConfig], prog="hf-rollouts generate")
-    args, options, sampling = parser.parse_args_into_dataclasses(argv)
-    if (args.env is None) == (args.tasks is None):
-        raise SystemExit("error: give exactly one of --env NAME or --tasks DIR_OR_HUB_ID.")
-    _check_output(args.output, args.overwrite)  # before any generation
-    from dataclasses import asdict
-
+def _load_agent(args, sampling, options):
     from .agents.loading import load_agent
-    from .distributed import process_state
-    from .pipeline import generate_rollouts
-    from .publish import compute_stats, push_rollouts, render_card, save_rollouts, with_logprob_dtype
-    from .sources import load_dataset_source
 
-    tasks = (
-        _make_tasks(args.env, args.split, args.num_tasks, args.env_config, args.allow_env_module)
-        if args.env
-        else load_dataset_source(args.tasks)
-    )
-    agent = load_agent(
+    return load_agent(
         args.model,
         sampling,
         seed=options.seed,
@@ -239,6 +220,33 @@ def cmd_generate(argv: list[str]) -> int:
             "logprobs_mode": args.logprobs_mode,
         },
     )
+
+
+def cmd_generate(argv: list[str]) -> int:
+    from .agents.sampling import SamplingConfig
+    from .pipeline import RolloutOptions
+
+    parser = HfArgumentParser([GenerateArgs, RolloutOptions, SamplingConfig], prog="hf-rollouts generate")
+    args, options, sampling = parser.parse_args_into_dataclasses(argv)
+    if (args.env is None) == (args.tasks is None):
+        raise SystemExit("error: give exactly one of --env NAME or --tasks DIR_OR_HUB_ID.")
+    _check_output(args.output, args.overwrite)  # before any generation
+    from dataclasses import asdict
+
+    from .distributed import process_state
+    from .pipeline import generate_rollouts
+    from .publish import compute_stats, push_rollouts, render_card, save_rollouts, with_logprob_dtype
+    from .sources import load_dataset_source
+
+    tasks = (
+        _make_tasks(args.env, args.split, args.num_tasks, args.env_config, args.allow_env_module)
+        if args.env
+        else load_dataset_source(args.tasks)
+    )
+    try:
+        agent = _load_agent(args, sampling, options)
+    except (ValueError, TypeError) as exc:  # settings the agent refuses (e.g. processed log-probs with top_p < 1)
+        raise SystemExit(f"error: {exc}") from None
     run = asdict(options)
     num_rollouts = run.pop("num_rollouts")
     from .agents.openai import OpenAIRequestError
