@@ -189,7 +189,9 @@ class Episode:
     def to_dict(self) -> dict[str, Any]:
         """The unpadded episode dictionary ``_run_complete_episode`` returns: every field, plus
         ``full_attention_mask``. Its keys are the ``source`` names of :data:`hf_rollouts.schema.ROLLOUT_COLUMNS`."""
-        return {
-            **{f.name: getattr(self, f.name) for f in fields(self)},
-            "full_attention_mask": self.full_attention_mask,
-        }
+        out = {name: getattr(self, name) for name in _EPISODE_FIELDS}
+        out["full_attention_mask"] = self.full_attention_mask
+        return out
+
+
+_EPISODE_FIELDS = tuple(f.name for f in fields(Episode))

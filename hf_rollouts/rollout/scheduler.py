@@ -98,7 +98,8 @@ class _Engine:
             limits,
         )
         self.per_request = bool(getattr(agent, "answers_per_request", False))
-        every = [_limit(j, key, default) for j in jobs for key, default in zip(LIMIT_KEYS, limits)]
+        self.env_limits: dict[int, tuple[float | None, float | None]] = {}
+        every = [x for j in jobs for x in self._limits(j)]
         self.floor = min((x for x in every if x), default=math.inf)  # nothing started later ends sooner than this
         self.policing = not math.isinf(self.floor)
         self.todo = deque(jobs)
@@ -160,8 +161,15 @@ class _Engine:
             else:
                 self._answer_batch(batch, epoch)
 
+    def _limits(self, job: EpisodeJob) -> tuple[float | None, float | None]:
+        """``(step_timeout, episode_timeout)`` of ``job``: its env_config's, else the run's (computed once per env)."""
+        key = id(job.env)
+        if key not in self.env_limits:
+            self.env_limits[key] = tuple(_limit(job, k, d) for k, d in zip(LIMIT_KEYS, self.limits))  # type: ignore[assignment]
+        return self.env_limits[key]
+
     def _start(self, job: EpisodeJob) -> _Live:
-        limits = (_limit(job, "step_timeout", self.limits[0]), _limit(job, "episode_timeout", self.limits[1]))
+        limits = self._limits(job)
         clock = HookClock()
         door = getattr(job.env, "_run_complete_episode", None)
         if getattr(door, "engine_door", False):
@@ -225,7 +233,8 @@ class _Engine:
         finally:
             with self.cond:
                 self.in_batch = False
-                self.watch.notify_all()
+                if self.epoch != epoch:  # the watchdog may be waiting for this call to return (an interrupt)
+                    self.watch.notify_all()
         with self.cond:
             if self.epoch == epoch:
                 self.ready.extend(zip(batch, answers))
