@@ -230,3 +230,25 @@ def test_an_interrupt_waits_for_the_agents_call_to_return(tokenizer):
     with pytest.raises(KeyboardInterrupt):
         run_episodes(jobs, Slow(["1 2 3 4"]))
     assert calls["done"]
+
+
+def test_a_reused_driver_follows_the_callers_torch_thread_count(tokenizer):
+    """torch's thread count is per thread once used; the engine's reused driver threads must follow the caller's."""
+    import torch
+
+    seen = []
+
+    class Probe(ScriptedAgent):
+        def act_batch(self, requests):
+            seen.append(torch.get_num_threads())
+            return super().act_batch(requests)
+
+    env = MastermindEnv(tokenizer, {"max_turns": 1, "num_symbols": 6})
+    before = torch.get_num_threads()
+    try:
+        for n in (1, 2, 1):
+            torch.set_num_threads(n)
+            run_episodes(episode_jobs(env, [{"code": [1, 2, 3, 4]}], 1), Probe(["1 2 3 4"]))
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 2, 1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,6 +16,10 @@ class DriverThreads:
     A run's driver may be abandoned in a hung hook (see the module docstring); it rejoins the idle
     ones only if the hook ever returns. Reusing threads matters with a fast agent: a new thread per
     map batch cost about 5% of the run (measured with ``scripts/benchmark_endpoint.py``).
+
+    Per-thread settings of the caller that the agent's work depends on are carried over on every
+    run: torch's intra-op thread count is per thread once a thread has used it, so a reused driver
+    would otherwise keep the count of its first run and ignore a later ``torch.set_num_threads``.
     """
 
     def __init__(self) -> None:
@@ -30,11 +35,13 @@ class DriverThreads:
                 inbox = queue.SimpleQueue()
                 name = f"hf-rollouts-driver-{self._count}"
                 threading.Thread(target=self._serve, args=(inbox,), name=name, daemon=True).start()
-        inbox.put((drive, epoch))
+        inbox.put((drive, epoch, _torch_threads()))
 
     def _serve(self, inbox: queue.SimpleQueue) -> None:
         while True:
-            drive, epoch = inbox.get()
+            drive, epoch, torch_threads = inbox.get()
+            if torch_threads is not None and _torch_threads() != torch_threads:
+                sys.modules["torch"].set_num_threads(torch_threads)
             drive(epoch)
             del drive  # hold no engine while idle
             with self._lock:
@@ -42,6 +49,12 @@ class DriverThreads:
 
 
 DRIVERS = DriverThreads()
+
+
+def _torch_threads() -> int | None:
+    """This thread's torch intra-op thread count, if torch is in use (never imported here)."""
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch.get_num_threads()
 
 
 _frozen_lock = threading.Lock()
