@@ -1,9 +1,11 @@
 """Per-request seeded sampling inside one batched ``model.generate``.
 
-:class:`RowSampler` is a logits processor that draws each row's next token with that row's own
-``torch.Generator`` (seeded by the request's seed), from ``softmax(logits / T)`` restricted to the
-nucleus ``top_p``, and hands ``generate`` a one-hot choice that its greedy step takes. So a request's
-random draws depend on its seed alone: not on which requests share its batch, their order, or the
+:class:`RowSampler` is a logits processor that draws each row's next token from
+``softmax(logits / T)`` (restricted to the nucleus ``top_p``) with a uniform number that is a
+pure function of the row's seed and the step: a counter-based generator (splitmix64 over
+``seed`` and ``step``), computed for the whole batch in a few tensor operations, then inverse-CDF
+sampling. It hands ``generate`` a one-hot choice that its greedy step takes. So a request's draws
+depend on its seed alone: not on which requests share its batch, their order, the device, or the
 global torch RNG (which hf_rollouts never touches on this path).
 
 The distribution is exactly the one the stored log-probabilities describe (``log_softmax(logits / T)``
@@ -15,24 +17,48 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessor
 
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed 64-bit integer
+_M1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_M2 = -7723592293110705685  # 0x94D049BB133111EB
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def uniforms(seeds: torch.Tensor, step: int) -> torch.Tensor:
+    """One uniform float64 in ``[0, 1)`` per seed: splitmix64 of ``seed * golden + step + 1`` (int64 arithmetic
+    wraps as in C), its top 53 bits."""
+    x = seeds * _GOLDEN + (step + 1)
+    x = (x ^ _shr(x, 30)) * _M1
+    x = (x ^ _shr(x, 27)) * _M2
+    x = x ^ _shr(x, 31)
+    return _shr(x, 11).to(torch.float64) / float(1 << 53)
+
 
 class RowSampler(LogitsProcessor):
-    """Samples row ``i`` with ``torch.Generator().manual_seed(seeds[i])``; returns ``0`` on the chosen id, ``-inf``
+    """Samples row ``i`` with the counter-based stream of ``seeds[i]``; returns ``0`` on the chosen id, ``-inf``
     elsewhere (use with greedy decoding: ``do_sample=False``)."""
 
     def __init__(self, seeds: list[int], temperature: float, top_p: float, device: torch.device) -> None:
         if temperature <= 0:
             raise ValueError("RowSampler samples; use plain greedy decoding for temperature 0.")
-        self.seeds, self.temperature, self.top_p = list(seeds), temperature, top_p
-        self.generators = [torch.Generator(device=device).manual_seed(int(s)) for s in self.seeds]
+        self.seeds, self.temperature, self.top_p = [int(s) for s in seeds], temperature, top_p
+        self._seeds = torch.tensor(self.seeds, dtype=torch.int64, device=device)
+        self.step = 0
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         probs = torch.softmax(scores.float() / self.temperature, dim=-1)
         if self.top_p < 1.0:
             probs = _nucleus(probs, self.top_p)
-        chosen = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, self.generators)])
+        cdf = torch.cumsum(probs.double(), dim=-1)
+        u = uniforms(self._seeds, self.step).unsqueeze(1) * cdf[:, -1:]
+        self.step += 1
+        # the first id whose cumulative mass exceeds u: never an id of probability 0
+        chosen = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)
         out = torch.full_like(scores, float("-inf"))
-        out.scatter_(1, chosen.unsqueeze(1), 0.0)
+        out.scatter_(1, chosen, 0.0)
         return out
 
 
