@@ -43,7 +43,6 @@ same for any ``N``, so the result equals a one-process run.
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from collections.abc import Iterable
@@ -364,13 +363,8 @@ def _expand_shard(
     for start in range(0, size, opts.batch_size):
         for name, values in expander(list(range(start, min(size, start + opts.batch_size)))).items():
             columns[name].extend(values)
-    expanded = pa.Table.from_pydict(columns, schema=_rollout_schema())
+    expanded = pa.Table.from_pydict(columns, schema=pa.schema([schema.field(name) for name in ROLLOUT_FEATURES]))
     return pa.Table.from_arrays(arrow_tasks.slice(shard.start, size).columns + expanded.columns, schema=schema)
-
-
-@functools.cache
-def _rollout_schema() -> pa.Schema:
-    return ROLLOUT_FEATURES.arrow_schema
 
 
 __all__ = [

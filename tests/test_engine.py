@@ -181,10 +181,10 @@ def test_request_seeds_depend_on_row_rollout_and_turn_only(tokenizer, tmp_path):
 
 @pytest.mark.parametrize("reuse_kv", [True, False])
 def test_the_local_agent_samples_the_same_rows_under_any_batching(tiny, reuse_kv, tmp_path):
-    """The guarantee for TransformersAgent (generate backend): each request samples with its own seeded generator,
-    so rows do not depend on batch_size, max_concurrency or shard_size. (Log-probs may differ in the last bits,
-    since batched float arithmetic depends on the batch's shape; a sampled id could then only differ when a draw
-    falls within that rounding of a boundary.)"""
+    """The guarantee for TransformersAgent (generate backend): each request samples from the random stream of its
+    own seed, so rows do not depend on batch_size, max_concurrency or shard_size. (Log-probs may differ in the last
+    bits, since batched float arithmetic depends on the batch's shape; a sampled id could then only differ when a
+    draw falls within that rounding of a boundary.)"""
     from hf_rollouts.agents.hf import TransformersAgent
 
     model, tok = tiny

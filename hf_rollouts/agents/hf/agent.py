@@ -10,9 +10,10 @@ importance ratio. With ``temperature == 0`` (greedy) the logits are not scaled.
 The ``continuous`` backend reports transformers' own log-probabilities; at
 temperature 1 both backends match a teacher-forced forward pass (tested).
 
-Seeds: the ``generate`` backend samples each request with a generator of its own, seeded by
-``request.seed`` (the pipeline derives it from run seed, task row, rollout and turn) or, for a
-request without one, by a draw from the agent's generator (:meth:`set_seed`). A request's draws
+Seeds: the ``generate`` backend samples each request from a random stream of its own
+(:mod:`.sampler`), keyed by ``request.seed`` (the pipeline derives it from run seed, task row,
+rollout and turn) or, for a request without one, by a draw from the agent's generator
+(:meth:`set_seed`). A request's draws
 therefore never depend on the batch it shares, and the global torch RNG is never touched. The
 ``continuous`` backend cannot be seeded per request; it uses torch's global generator.
 """
@@ -47,6 +48,14 @@ _SAMPLING_FIELDS = frozenset(
 
 Backend = Literal["generate", "continuous"]
 BACKENDS: tuple[str, ...] = ("generate", "continuous")
+
+
+def stop_token_ids(chat: ChatDelta, model_eos: int | list[int] | None) -> list[int]:
+    """The ids that end an agent turn: the tokenizer's eos and the chat template's end token
+    (``chat.stop_token_ids``), and every id of the model's ``generation_config.eos_token_id`` (``model_eos``: an
+    int or a list, e.g. Llama-3.1's ``<|eom_id|>``). Used for generation and to recognise a sampled stop."""
+    extra = [] if model_eos is None else [model_eos] if isinstance(model_eos, int) else list(model_eos)
+    return list(dict.fromkeys([*chat.stop_token_ids, *map(int, extra)]))
 
 
 class ContextLengthError(ValueError):
@@ -97,9 +106,7 @@ class TransformersAgent(Agent):
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
         self.chat = ChatDelta(tokenizer)
-        # stops: the tokenizer's eos, the template's end token, and the model's own eos list (Llama-3.1: <|eom_id|>)
-        model_eos = model_eos if isinstance(model_eos, list) else [] if model_eos is None else [model_eos]
-        self.stop_ids = list(dict.fromkeys([*self.chat.stop_token_ids, *map(int, model_eos)]))
+        self.stop_ids = stop_token_ids(self.chat, model_eos)
         self.generate_calls = 0
         self.kv_reused_calls = 0
         self._kv: KVState | None = None

@@ -41,8 +41,8 @@ def generate_padded(
     With ``rows`` (from :func:`~.kv_cache.reusable_rows`) the call continues from ``kv`` and
     prefills only each episode's new ids. With ``keep_kv`` the new cache is returned for the
     next turn; ``stop_len`` gives how many sampled ids of a row are real (up to its stop).
-    With ``sampler`` (:class:`~.sampler.RowSampler`, for a greedy ``config``) each row samples with its
-    own seeded generator; without it ``config`` samples with torch's global generator.
+    With ``sampler`` (:class:`~.sampler.RowSampler`, for a greedy ``config``) each row samples from the
+    random stream of its own seed; without it ``config`` samples with torch's global generator.
     """
     device = model.device
     prompts = [r.prompt_token_ids for r in requests]

@@ -14,6 +14,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from ...agents.base import Agent
 from ...agents.hf.agent import _SAMPLING_FIELDS
+from ...agents.hf.agent import stop_token_ids as agent_stop_token_ids
 from ...agents.hf.backends import generate_padded
 from ...agents.hf.kv_cache import KVState, kv_reuse_unsafe_reason, reusable_rows
 from ...chat import ChatDelta
@@ -50,8 +51,7 @@ def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model: Any) -> list[int]:
     ``model.generation_config.eos_token_id`` (an int or a list, e.g. Llama-3.1's ``<|eom_id|>``), as in
     TRL's own eos list and :class:`~hf_rollouts.agents.hf.TransformersAgent`."""
     model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    model_eos = [] if model_eos is None else [model_eos] if isinstance(model_eos, int) else list(model_eos)
-    return list(dict.fromkeys([*ChatDelta(tokenizer).stop_token_ids, *map(int, model_eos)]))
+    return agent_stop_token_ids(ChatDelta(tokenizer), model_eos)
 
 
 class _TokenAgent(Agent):
