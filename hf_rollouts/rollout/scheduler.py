@@ -62,8 +62,9 @@ DEFAULT_ENV_WORKERS = 32
 CPU-bound Python hooks gain nothing from more threads (the GIL) and lose little."""
 
 
-STALL = 0.001
-"""Seconds without progress after which waiting episodes get more worker threads (see ``_Engine._rest``)."""
+STALL, STALL_MAX = 0.001, 0.016
+"""Seconds without progress after which waiting episodes get more worker threads (see ``_Engine._rest``), and the
+longest the sentry waits between two looks (see ``_Engine.poll``)."""
 
 
 class _Driver:
@@ -107,6 +108,7 @@ class _Engine:
         self.idle = 0  # of them, waiting for work
         self.starting = 0  # of them, spawned but not yet running
         self.sentry = False  # a resting worker watches whether the busy ones make progress
+        self.nudge = threading.Event()  # tells the sentry to take new work itself (nobody else is there)
         self.taken = 0  # items taken from ``ready`` so far (the sentry's measure of progress)
         self.grants = 0  # resting workers that may take work although others are busy (after a stall)
         self.wake_at = math.inf  # when the watchdog looks next
@@ -138,7 +140,8 @@ class _Engine:
                         self.drivers -= 1
                         self.cond.notify_all()
                         return
-                    self._refill()
+                    if self.todo:
+                        self._refill()
                     alone = self.drivers - self.idle - self.starting == 1  # no other worker is busy
                     if self.ready and (working or alone or self.grants):
                         if not (working or alone):
@@ -174,18 +177,19 @@ class _Engine:
             working = True
 
     def _rest(self) -> None:
-        """Under the lock: wait for work. While work waits and every other worker is busy, one resting worker is
-        the *sentry*: it looks every ``STALL`` seconds whether the busy ones took any work meanwhile. If none did,
-        they are blocked (I/O in a hook), and the waiting work gets workers of its own (grants), up to ``width``.
-        So a CPU-bound run keeps one worker busy (no contention for the GIL), and an I/O-bound one fans out."""
+        """Under the lock: wait for work. While another worker is busy, one resting worker is the *sentry*: every
+        ``poll`` seconds it looks whether the busy ones took any work meanwhile. If work waited and none did, they
+        are blocked (I/O in a hook), and the waiting work gets workers of its own (grants), up to ``width``. So a
+        CPU-bound run keeps one worker busy (no fight over the GIL), and an I/O-bound one fans out."""
         self.idle += 1
-        if self.ready and not self.sentry:
-            self.sentry, mark = True, self.taken
-            self.cond.wait(STALL)
+        if not self.sentry and self.drivers - self.idle - self.starting > 0:
+            self.sentry = True
+            self.nudge.clear()
+            stalled = self._watch()
             self.sentry = False
-            if self.ready and self.taken == mark and self._blocked():  # nobody took work for STALL seconds
+            if stalled and self.ready and self._blocked():
                 self.grants = len(self.ready)
-                helpers = min(self.grants, self.idle - 1)
+                helpers = min(self.grants - 1, self.idle - 1)
                 for _ in range(helpers):
                     self.cond.notify()
                 for _ in range(min(self.grants - 1 - helpers, self.width - self.drivers)):
@@ -193,6 +197,32 @@ class _Engine:
         else:
             self.cond.wait()
         self.idle -= 1
+
+    poll = STALL
+    """How long the sentry sleeps between looks: ``STALL`` after a stall, doubled (up to ``STALL_MAX``) after every
+    look that found progress. Shared by every run of the process, so a CPU-bound env, whose workers always make
+    progress, is looked at rarely (each look takes the GIL from the busy worker), and an env that blocks is seen
+    within ``STALL`` once it has blocked before."""
+
+    def _watch(self) -> bool:
+        """Under the lock, which is let go while watching: True when work waited and the busy workers took none of
+        it for ``poll`` seconds; False when the run ends, nobody is busy any more, or :meth:`_wake` nudges the
+        sentry to take new work itself."""
+        self.cond.release()
+        try:
+            while True:
+                mark, wait = self.taken, _Engine.poll
+                if self.nudge.wait(wait) or self.stopped or self.failure is not None or not self.remaining:
+                    return False
+                if self.ready:
+                    if self.taken == mark:
+                        _Engine.poll = STALL
+                        return True
+                    _Engine.poll = min(STALL_MAX, wait * 2)
+                elif self.drivers - self.idle - self.starting == 0:
+                    return False
+        finally:
+            self.cond.acquire()
 
     def _blocked(self) -> bool:
         """Under the lock: every busy worker is inside an env hook that began ``STALL`` seconds ago or more (so a
@@ -210,13 +240,19 @@ class _Engine:
             self._wake()
 
     def _wake(self) -> None:
-        """Under the lock: work was added. Nobody busy: a resting worker takes it. Otherwise make sure a sentry
-        watches the busy workers (see :meth:`_rest`)."""
-        if self.sentry:
-            return
-        if self.idle:
+        """Under the lock: work was added. If a worker is busy it will get to it (and a sentry watches that it does,
+        see :meth:`_rest`); if nobody is, a resting worker takes it at once."""
+        if self.drivers - self.idle - self.starting:
+            if not self.sentry:
+                if self.idle:
+                    self.cond.notify()
+                elif not self.starting and self.drivers < self.width:
+                    self._spawn()
+        elif self.idle > self.sentry:
             self.cond.notify()
-        elif not self.starting and self.drivers < self.width:
+        elif self.sentry:
+            self.nudge.set()
+        elif not self.starting:
             self._spawn()
 
     def _spawn(self) -> None:
@@ -305,10 +341,8 @@ class _Engine:
                     self.watch.notify_all()
         with self.cond:
             if not self.stopped:
-                for item in zip(batch, answers):
-                    if not item[0].over:
-                        self.ready.append(item)
-                        self._wake()
+                self.ready.extend(item for item in zip(batch, answers) if not item[0].over)
+                self._wake()
 
     def _finish(self, live: LiveEpisode, episode: dict[str, Any]) -> None:
         with self.cond:
@@ -326,7 +360,8 @@ class _Engine:
         self.live -= 1
         if not self.remaining:
             self.watch.notify_all()
-        self.cond.notify()  # a refill, or a batch that only waited for this episode
+        if self.idle > self.sentry:
+            self.cond.notify()  # a refill, or a batch that only waited for this episode
 
     # -- the watchdog (the calling thread) -------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
