@@ -24,9 +24,9 @@ from typing import Any, Protocol
 
 from ..agents.base import Agent
 from ..chat import ChatDelta
-from ..seeding import derive_seed
 from ..types import Action, AgentRequest, Episode
 from .recorder import EpisodeRecorder
+from .tool_loop import agent_turn, turns_left
 
 ON_ERROR = ("record", "raise")
 
@@ -87,19 +87,27 @@ def episode_steps(
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     rec = recorder if recorder is not None else EpisodeRecorder(env.chat, env.reward_placement)
+    rec.tools = rec.tools or getattr(env, "tool_turns", None)  # set by an env with executable tools
     hook = clock.call
+
+    def tool_hook(name: str, fn: Any, *args: Any) -> Generator[Any, Any, Any]:  # a hook, as agent_turn calls it
+        return hook(name, fn, *args)
+        yield  # a generator that never yields: hooks run here, synchronously
+
     try:
         state = hook("_initialize_episode", env._initialize_episode, session_id, task_data)
         agent_state, step_rewards, done = None, [], False
         system = env.env_config.get("system_prompt") or hook("_system_prompt", env._system_prompt, state)
         for step in range(env.max_turns):
+            if not turns_left(env, rec):  # tool-call turns count against max_turns
+                break
             prompt = hook("_format_prompt", env._format_prompt, state, step)
             rec.add_env_message(prompt, system=system if step == 0 else None)
             if env.max_episode_tokens and len(rec.ids) >= env.max_episode_tokens:
                 break
-            turn_seed = None if seed is None else derive_seed(seed, step)
-            action, agent_state = yield rec.request(agent_state, session_id, turn_seed)
-            text = rec.add_action(action)
+            text, agent_state = yield from agent_turn(env, rec, tool_hook, session_id, state, agent_state, seed)
+            if text is None:  # a tool limit ended the episode
+                break
             state, reward, done, info = hook("_step_episode", env._step_episode, session_id, state, text)
             rec.reward_turn(reward, info)
             step_rewards.append(float(reward))
