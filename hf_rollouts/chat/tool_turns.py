@@ -26,6 +26,7 @@ end marker after a tool call (nothing to cut at) and no generation prompt after 
 
 from __future__ import annotations
 
+import json
 from functools import cached_property
 from typing import Any
 
@@ -144,3 +145,26 @@ class ToolTurns:
         (one per call, in order) and the generation prompt."""
         text, _, literals = self._delta_text(calls, results, self.format or HERMES)
         return guard.encode_guarded(self.chat.tokenizer, text, literals)
+
+
+def template_messages(messages: list[Message]) -> list[Message]:
+    """A stored conversation in the form chat templates take: call ``arguments`` JSON strings (the OpenAI form the
+    ``conversations`` column keeps) decoded to dicts, and keys that are null (Arrow fills every message struct)
+    dropped. ``tokenizer.apply_chat_template(template_messages(conv), tools=...)`` re-renders an episode."""
+    out = []
+    for m in messages:
+        m = {k: v for k, v in m.items() if v is not None}
+        if m.get("tool_calls"):
+            m["tool_calls"] = [_decoded_call(c) for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+def _decoded_call(call: dict[str, Any]) -> dict[str, Any]:
+    fn = dict(call.get("function") or {})
+    if isinstance(fn.get("arguments"), str):
+        try:
+            fn["arguments"] = json.loads(fn["arguments"])
+        except json.JSONDecodeError:
+            fn["arguments"] = {}
+    return {**call, "function": fn}
