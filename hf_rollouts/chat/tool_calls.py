@@ -188,6 +188,8 @@ class ToolFormat:
         json_results: tool results go to the template ``json.dumps``-ed (Mistral renders content raw inside JSON).
         call_id_length: call ids must have this many characters (Mistral: 9); generated when the model gave none.
         calls_per_message: the template renders at most this many calls per assistant message (Llama, gpt-oss: 1).
+        rewrites: how the family's templates re-render a sampled call turn in history (the stored ids keep what
+            was sampled); named by :func:`~hf_rollouts.chat.check_chat_template`.
     """
 
     name: str
@@ -196,6 +198,7 @@ class ToolFormat:
     json_results: bool = False
     call_id_length: int | None = None
     calls_per_message: int | None = None
+    rewrites: tuple[tuple[str, str], ...] = ()
 
     def result_content(self, text: str) -> str:
         """What goes into a ``tool`` message's ``content`` for a result ``text``."""
@@ -212,9 +215,26 @@ class ToolFormat:
 
 
 HERMES = ToolFormat("hermes", parse_hermes)
-LLAMA3_JSON = ToolFormat("llama3_json", parse_llama3_json, ("<|eom_id|>", "<|eot_id|>"), calls_per_message=1)
+LLAMA3_JSON = ToolFormat(
+    "llama3_json",
+    parse_llama3_json,
+    ("<|eom_id|>", "<|eot_id|>"),
+    calls_per_message=1,
+    rewrites=(("tool-call end token rewritten in history", "<|eom_id|> → <|eot_id|>, <|python_tag|> dropped"),),
+)
 MISTRAL = ToolFormat("mistral", parse_mistral, json_results=True, call_id_length=9)
-HARMONY = ToolFormat("harmony", parse_harmony, ("<|call|>",), calls_per_message=1)
+HARMONY = ToolFormat(
+    "harmony",
+    parse_harmony,
+    ("<|call|>",),
+    calls_per_message=1,
+    rewrites=(
+        (
+            "tool-call header rewritten in history",
+            "<|channel|>commentary to=functions.NAME <|constrain|>json → to=functions.NAME<|channel|>commentary json",
+        ),
+    ),
+)
 TOOL_FORMATS = {f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL, HARMONY)}
 
 
