@@ -384,3 +384,197 @@ def test_conversations_column_round_trips_and_rerenders(tokenizer, tmp_path):
     env = CalcEnv(tok, {})
     text = tok.apply_chat_template(conv[:-1], tools=env.chat.tools, tokenize=False, add_generation_prompt=True)
     assert hermes(script[0]) in text and "<tool_response>\n3\n</tool_response>" in text
+
+
+# -- the shipped tool env, MCP servers, the TRL bridge ----------------------------------------------------------
+def _hidden_call(tok, x):
+    text = f'<tool_call>\n{{"name": "hidden_f", "arguments": {{"x": {x}}}}}\n</tool_call>'
+    return tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+
+
+class HiddenAgent(Agent):
+    """Calls hidden_f(x) first (when ``use_tool``), then answers the number it read (or 0)."""
+
+    def __init__(self, tok, use_tool=True):
+        self.tok, self.use_tool = tok, use_tool
+
+    def get_action(self, messages, agent_state=None):
+        raise NotImplementedError
+
+    def act(self, request):
+        x = int(request.messages[0]["content"].split("f(")[1].split(")")[0])
+        if self.use_tool and request.agent_state is None:
+            return Action("call", _hidden_call(self.tok, x), None, True), "called"
+        answer = request.messages[-1]["content"] if request.messages[-1]["role"] == "tool" else "0"
+        ids = self.tok(answer, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+        return Action(answer, ids, None, True), "answered"
+
+
+def test_hidden_function_env_is_won_only_through_its_tool(tokenizer):
+    from hf_rollouts.envs.check import check_env
+    from hf_rollouts.envs.hidden_function import HiddenFunctionEnv
+
+    assert check_env(HiddenFunctionEnv, tokenizer, env_config={"max_turns": 3}).episodes == 9
+    env = HiddenFunctionEnv(tokenizer, {})
+    tasks = env._task_list("train", 20)
+    with_tool = env.run_trial(tasks, HiddenAgent(tokenizer), num_rollouts=1)
+    without = env.run_trial(tasks, HiddenAgent(tokenizer, use_tool=False), num_rollouts=1)
+    assert with_tool["final_rewards"] == [1.0] * 20 and with_tool["num_tool_calls"] == [1] * 20
+    assert sum(without["final_rewards"]) == 0 and without["statuses"] == ["truncated"] * 20
+    assert all(sum(m) > 0 for m in with_tool["padded_tool_token_mask"])
+
+
+MCP_SERVER = """
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("calc")
+
+
+@server.tool()
+def secret(x: int) -> int:
+    \"\"\"The secret function.\"\"\"
+    if x < 0:
+        raise ValueError("x must be >= 0")
+    return 10 * x + 1
+
+
+if __name__ == "__main__":
+    server.run("stdio")
+"""
+
+
+class McpEnv(MultistepEnv):
+    """Tools from an in-process MCP server built by the env's own code."""
+
+    def _tools(self):
+        pytest.importorskip("mcp")
+        from mcp.server.mcpserver import MCPServer
+
+        from hf_rollouts.tools.mcp import MCPTools
+
+        server = MCPServer("calc")
+
+        @server.tool()
+        def secret(x: int) -> int:
+            """The secret function."""
+            if x < 0:
+                raise ValueError("x must be >= 0")
+            return 10 * x + 1
+
+        return MCPTools(server).tools()
+
+    def _initialize_episode(self, session_id, task_data):
+        return None
+
+    def _format_prompt(self, state, step):
+        return "Call secret."
+
+    def _step_episode(self, session_id, state, action):
+        return state, float("31" in action), True, {}
+
+
+def _secret_calls(tok, xs):
+    return hermes([("secret", {"x": x}, "") for x in xs])
+
+
+def test_mcp_tools_in_process_answer_and_errors_are_tool_errors(tokenizer, recording):
+    tok = family_tokenizer(tokenizer, "qwen2_5")
+    env = McpEnv(tok, {})
+    assert env.toolbox.get("secret").schema["function"]["parameters"]["properties"]["x"]["type"] == "integer"
+    agent = LlamaAgent(tok, "qwen2_5", [(_secret_calls(tok, [3, -1]), "<|im_end|>"), ("31", "<|im_end|>")])
+    ep = env._run_complete_episode("s", agent, {}, on_error="raise")
+    assert [r["status"] for r in ep["tool_calls"]] == ["ok", "error"] and ep["final_reward"] == 1.0
+    answers = [m["content"] for m in ep["messages"] if m["role"] == "tool"]
+    assert answers[0] == "31" and "Error executing tool secret" in answers[1]  # the server hides the exception
+
+
+def test_mcp_server_named_in_env_config_needs_the_users_allowance_then_runs_over_stdio(tokenizer, tmp_path):
+    pytest.importorskip("mcp")
+    import sys
+
+    from hf_rollouts.envs.hidden_function import HiddenFunctionEnv
+    from hf_rollouts.envs.registry import validate_tasks
+    from hf_rollouts.schema import TaskValidationError, to_task_dataset
+
+    script = tmp_path / "server.py"
+    script.write_text(MCP_SERVER)
+    spec = f"stdio:{sys.executable} {script}"
+    rows = to_task_dataset(
+        [
+            {
+                "env_class_path": "hf_rollouts.envs.hidden_function.HiddenFunctionEnv",
+                "env_config": {"mcp_servers": [spec]},
+                "task_data": {"a": 1, "b": 1, "x": 1},
+            }
+        ]
+    )
+    with pytest.raises(TaskValidationError, match="not allowed by default"):
+        validate_tasks(rows)
+    validate_tasks(rows, allowed_env_models=[spec])
+    env = HiddenFunctionEnv(tokenizer, {"mcp_servers": [spec]})
+    assert set(env.toolbox.tools) == {"hidden_f", "secret"}
+    call = hermes([("secret", {"x": 2}, ""), ("hidden_f", {"x": 1}, "")])
+
+    class Agent2(Agent):
+        def get_action(self, messages, agent_state=None):
+            raise NotImplementedError
+
+        def act(self, request):
+            if request.agent_state is None:
+                ids = tokenizer(call, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                return Action("c", ids, None, True), 1
+            ids = tokenizer("2", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            return Action("2", ids, None, True), 2
+
+    ep = env._run_complete_episode("s", Agent2(), {"a": 1, "b": 1, "x": 1}, on_error="raise")
+    assert [m["content"] for m in ep["messages"] if m["role"] == "tool"] == ["21", "2"]
+    assert ep["final_reward"] == 1.0
+
+
+def test_tool_env_through_the_trl_bridge(tokenizer):
+    """The TRL rollout function plays a tool episode: the call, the tool delta as env tokens (env_mask 0), the
+    answer; sampled by TRL's vLLM client (faked at its HTTP boundary)."""
+    from types import SimpleNamespace
+
+    from hf_rollouts.integrations.trl import env_reward, make_rollout_func, to_trl_dataset
+    from hf_rollouts.schema import to_task_dataset
+
+    tok = tokenizer
+    call = _hidden_call(tok, 3)
+    answer = tok("5", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+
+    class Client:
+        def __init__(self):
+            self.turn = 0
+
+        def generate(self, prompts, **kwargs):
+            ids = call if self.turn == 0 else answer
+            self.turn += 1
+            return {
+                "prompt_ids": prompts,
+                "completion_ids": [list(ids) for _ in prompts],
+                "logprobs": [[[-0.5]] * len(ids) for _ in prompts],
+                "logprob_token_ids": [[[t] for t in ids] for _ in prompts],
+            }
+
+    rows = to_task_dataset(
+        [
+            {
+                "env_class_path": "hf_rollouts.envs.hidden_function.HiddenFunctionEnv",
+                "env_config": {},
+                "task_data": {"a": 1, "b": 2, "x": 3},
+            }
+        ]  # fmt: skip
+    )
+    prompts = list(to_trl_dataset(rows)["prompt"]) * 2
+    args = SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, use_vllm=True)
+    trainer = SimpleNamespace(
+        processing_class=tok, args=args, model=SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=None)),
+        vllm_generation=SimpleNamespace(mode="server", vllm_client=Client()),
+    )  # fmt: skip
+    out = make_rollout_func(max_new_tokens=64)(prompts, trainer)
+    assert out["env_status"] == ["done", "done"] and env_reward(prompts, [], **out) == [1.0, 1.0]
+    for ids, mask in zip(out["completion_ids"], out["env_mask"]):
+        assert [t for t, m in zip(ids, mask) if m] == call + answer  # only the sampled ids are trained on
+        env_text = tok.decode([t for t, m in zip(ids, mask) if not m])
+        assert "<tool_response>\n5\n</tool_response>" in env_text
