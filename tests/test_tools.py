@@ -384,6 +384,11 @@ def test_conversations_column_round_trips_and_rerenders(tokenizer, tmp_path):
     env = CalcEnv(tok, {})
     text = tok.apply_chat_template(conv[:-1], tools=env.chat.tools, tokenize=False, add_generation_prompt=True)
     assert hermes(script[0]) in text and "<tool_response>\n3\n</tool_response>" in text
+    from hf_rollouts.publish.card import render_card
+
+    card = str(render_card(ds, agent_info={"model": "scripted"}, seed=0, pad_token_id=tok.pad_token_id))
+    assert "| tool calls | 6 (3.00 per episode; 2 episodes called a tool) |" in card
+    assert "| tool errors | 0 (0.0% of calls) |" in card and "| tool call statuses | ok 6 |" in card
 
 
 # -- the shipped tool env, MCP servers, the TRL bridge ----------------------------------------------------------
