@@ -11,6 +11,9 @@ contract of :class:`~hf_rollouts.envs.base.MultistepEnv`:
   ``(state, reward, done, info)`` with a finite real reward, a bool ``done`` and a dict
   ``info``; ``_calculate_reward`` returns a finite real number;
 * the same task played twice gives the same episode (no global randomness);
+* a tool env's ``_call_tools`` answers a call with one :class:`~hf_rollouts.types.ToolResult` (a call to no
+  such tool is an error result, not an exception); its tools were declared and its template accepted when
+  the env was built;
 * with ``_task_list``: tasks are deterministic under ``env_config['seed']`` and train/eval
   tasks are disjoint.
 
@@ -29,6 +32,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from ..types import ToolCall, ToolResult
 from .base import MultistepEnv
 
 DEFAULT_ACTIONS = ("1 2 3 4", "Is it alive?", "yes", "7", "hello", "[1]", "Is it a clock?", "left")
@@ -195,6 +199,16 @@ def check_env(
             f"{name}._initialize_episode returned the same state object twice; return a new object per episode "
             "(episodes of one env run concurrently)."
         )
+
+    if env.toolbox is not None:  # a tool env: _call_tools answers every call with one ToolResult, never raising
+        probe = ToolCall("__check_env_no_such_tool__", {}, id="call_check")
+        state = env._initialize_episode("tools", copy.deepcopy(tasks[0]))
+        answer = env._call_tools("tools", state, [probe])
+        if not (isinstance(answer, list) and len(answer) == 1 and isinstance(answer[0], ToolResult)):
+            problems.append(
+                f"{name}._call_tools returned {answer!r:.80} for one call; it must return one ToolResult per call "
+                "(hf_rollouts.tools.run_tool_calls does)."
+            )
 
     before = _attributes(env)
     alone = [_play(env_cls(tokenizer, config), f"alone{i}", t, actions, problems) for i, t in enumerate(tasks)]

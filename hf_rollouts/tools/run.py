@@ -132,8 +132,12 @@ def run_tool_calls(
             pending.append((call, future, None, False))
         else:
             pending.append((call, _in_thread(job), None, False))
+    finished: dict[int, float] = {}
+    for i, (_, future, _, _) in enumerate(pending):
+        if future is not None:  # each call's own duration, whatever order the results are read in
+            future.add_done_callback(lambda _, i=i: finished.setdefault(i, time.monotonic()))
     results = []
-    for call, future, problem, cancellable in pending:
+    for i, (call, future, problem, cancellable) in enumerate(pending):
         if future is None:
             results.append(ToolResult(call, problem or "", "error", 0.0))
             continue
@@ -146,7 +150,7 @@ def run_tool_calls(
             text = f"Error: the tool {call.name!r} ran past its time limit of {timeout:g} s and was stopped."
             results.append(ToolResult(call, text, "timeout", time.monotonic() - started))
         except Exception as exc:
-            results.append(ToolResult(call, _error_text(exc), "error", time.monotonic() - started))
+            results.append(ToolResult(call, _error_text(exc), "error", finished.get(i, time.monotonic()) - started))
         else:
-            results.append(ToolResult(call, result_text(value), "ok", time.monotonic() - started))
+            results.append(ToolResult(call, result_text(value), "ok", finished.get(i, time.monotonic()) - started))
     return results
