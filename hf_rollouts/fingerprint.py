@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ._version import __version__
 from .agents.base import Agent
+from .schema import ROLLOUT_FEATURES
 
 
 def canonical(obj: Any) -> str:
@@ -40,7 +41,7 @@ def rollout_fingerprint(
     """Hash of everything that changes :func:`~hf_rollouts.pipeline.generate_rollouts`' output: the input dataset's
     fingerprint, each env's fingerprint (``envs``: source, data files), the agent's fingerprint (weights probe, sampling
     settings, negotiated mode), the tokenizer, every field of ``opts`` (a
-    :class:`~hf_rollouts.pipeline.RolloutOptions`) and the library version."""
+    :class:`~hf_rollouts.pipeline.RolloutOptions`), the library version and the rollout columns' schema."""
     payload = canonical(
         {
             "tasks": tasks._fingerprint,
@@ -49,6 +50,7 @@ def rollout_fingerprint(
             "tokenizer": tokenizer_fingerprint(tokenizer),
             "options": {f.name: getattr(opts, f.name) for f in fields(opts)},
             "hf_rollouts": __version__,
+            "rollout_schema": str(ROLLOUT_FEATURES),  # a new column must not reuse shards written without it
         }
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
