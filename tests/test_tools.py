@@ -583,3 +583,36 @@ def test_tool_env_through_the_trl_bridge(tokenizer):
         assert [t for t, m in zip(ids, mask) if m] == call + answer  # only the sampled ids are trained on
         env_text = tok.decode([t for t, m in zip(ids, mask) if not m])
         assert "<tool_response>\n5\n</tool_response>" in env_text
+
+
+def test_a_template_of_no_known_format_is_parsed_with_the_tokenizers_response_template(tokenizer, recording):
+    """transformers' declarative parser (tokenizer.parse_response) handles a template none of the four built-in
+    parsers knows, when the tokenizer ships a response_template."""
+    tok = family_tokenizer(tokenizer, "qwen2_5")
+    tok.chat_template = (
+        "{% if tools %}<|im_start|>system\n{{ tools | tojson }}<|im_end|>\n{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ 'user' if m.role == 'tool' else m.role }}\n{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}"
+        "<fn>{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}</fn>{% endfor %}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tok.response_template = {
+        "start_anchor": "<|im_start|>assistant\n",
+        "fields": {
+            "tool_calls": {"open": "<fn>", "close": "</fn>", "repeats": True, "content": "json",
+                           "transform": {"type": "function", "function": "{content}"}},
+            "content": {"close": "<|im_end|>", "content": "text"},
+        },
+    }  # fmt: skip
+    env = CalcEnv(tok, {})
+    assert env.tool_turns.format.name == "response_template"
+    call = '<fn>{"name": "add", "arguments": {"a": 1, "b": 2}}</fn>'
+    ep = env._run_complete_episode(
+        "s", LlamaAgent(tok, "qwen2_5", [(call, "<|im_end|>"), ("3", "<|im_end|>")]), {}, on_error="raise"
+    )
+    assert [r["status"] for r in ep["tool_calls"]] == ["ok"] and ep["final_reward"] == 1.0
+    expected = tok.apply_chat_template(
+        template_messages(ep["messages"][:3]), tools=env.chat.tools, tokenize=False, add_generation_prompt=True
+    )
+    stored = tok.decode(ep["full_token_ids"][: ep["turns"][1].start])
+    assert stored == expected
