@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import ray_agents
 import torch
-from datasets import concatenate_datasets
+from datasets import concatenate_datasets, load_from_disk
 
 from hf_rollouts import ScriptedAgent
 from hf_rollouts.agents import AgentRecipe, load_agent
@@ -126,7 +126,8 @@ def test_ray_equals_local_and_runs_resume_across_executors(cluster, tasks, tmp_p
         assert remote[column] == local[column], column
     report = executor.report
     assert sorted(report.expanded) == [0, 1, 2] and sorted(commits) == [0, 1, 2]  # each shard committed once
-    assert len(report.workers) == 2 and len({w["host"] + str(w["pid"]) for w in report.workers}) == 2
+    # a worker still building its agent when the last shard is committed is stopped, so 1 or 2 report in
+    assert 1 <= len(report.workers) <= 2 and all(w["startup_s"] >= w["agent_build_s"] for w in report.workers)
     names = sorted(p.name for p in (tmp_path / "local").glob("*.arrow"))
     assert names == sorted(p.name for p in (tmp_path / "ray").glob("*.arrow"))  # the same fingerprint and files
     # started locally, finished on Ray: only the missing shard is expanded
@@ -173,7 +174,7 @@ def test_a_killed_worker_loses_only_its_shard(cluster, tasks, tokenizer, tmp_pat
     assert sorted(commits) == [0, 1, 2]  # each shard committed exactly once, the killed one included
     (lost,) = executor.report.retried.values()
     assert len(lost) == 1 and "worker died" in lost[0]
-    assert len(executor.report.workers) == 3  # two, then one replacement
+    assert victim in [w["pid"] for w in executor.report.workers] and len(executor.report.workers) >= 2
     print(f"killed worker {victim}: shard {list(executor.report.retried)} redone; {executor.report}")
 
 
@@ -207,7 +208,8 @@ def test_a_killed_driver_leaves_finished_shards_a_rerun_does_not_redo(cluster, t
     done = sorted(int(p.name.split("-shard")[1][:5]) for p in cache.glob("*-shard*.arrow"))
     assert done and len(done) < 3, stderr[-3000:]
     assert not list(cache.glob("*.tmp"))  # no half-written file left behind
-    executor = LocalExecutor()  # the same run, finished locally from the same cache
+    executor = LocalExecutor()  # the same run (the same task dataset: it is in the cache key), finished locally
+    tasks = load_from_disk(str(tmp_path / "tasks"))
     agent = ScriptedAgent(SCRIPT)
     resumed = run(tasks, agent, cache, executor, tokenizer=tokenizer)
     missing = [i for i in range(3) if i not in done]
@@ -241,3 +243,19 @@ def test_a_worker_whose_agent_differs_is_refused(cluster, tasks, tokenizer, tmp_
         run(tasks, ScriptedAgent(SCRIPT), tmp_path, RayExecutor(num_workers=1), tokenizer=tokenizer, agent_recipe=other)
     with pytest.raises(ValueError, match="no recipe"):  # refused before any worker starts
         run(tasks, ScriptedAgent(SCRIPT), tmp_path, "ray", tokenizer=tokenizer)
+
+
+def test_cli_executor_ray(cluster, tmp_path):
+    import numpy as np
+
+    from hf_rollouts.cli import main
+
+    args = ["generate", "--env", "mastermind", "--num-tasks", "4", "--num-rollouts", "2", "--env-config",
+            '{"max_turns": 2}', "--max-new-tokens", "8", "--shard-size", "2", "--batch-size", "2"]  # fmt: skip
+    assert main([*args, "--output", str(tmp_path / "local"), "--cache-dir", str(tmp_path / "c1")]) == 0
+    ray_args = ["--executor", "ray", "--ray-address", cluster.address, "--num-workers", "2", "--shard-timeout", "300"]
+    assert main([*args, *ray_args, "--output", str(tmp_path / "ray"), "--cache-dir", str(tmp_path / "c2")]) == 0
+    local, remote = load_from_disk(str(tmp_path / "local")), load_from_disk(str(tmp_path / "ray"))
+    assert remote.remove_columns("padded_logprobs").to_list() == local.remove_columns("padded_logprobs").to_list()
+    for a, b in zip(local["padded_logprobs"], remote["padded_logprobs"]):  # float summation order: thread counts
+        np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-4)

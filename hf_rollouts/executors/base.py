@@ -130,8 +130,8 @@ class ExecutorOptions:
     ray_address: str | None = field(
         default=None,
         metadata={
-            "help": "Ray: address of a running cluster ('auto', 'HOST:6379', 'ray://HOST:10001'); default: the "
-            "cluster this process is connected to, else a new local Ray instance."
+            "help": "Ray: address of a running cluster ('auto', 'HOST:6379', 'ray://HOST:10001'); default: a new "
+            "local Ray instance. A process already connected to Ray (ray.init) uses that cluster."
         },
     )
     num_workers: int | None = field(

@@ -61,8 +61,9 @@ class RayExecutor(Executor):
     """Expand pending shards on ``num_workers`` Ray actors (see the module docstring).
 
     Args:
-        address: cluster to connect to (``ray.init(address=...)``); default: the one this process is already
-            connected to, else a new local Ray instance (stopped again at the end).
+        address: cluster to connect to (``ray.init(address=...)``), then disconnect at the end; default: a new
+            local Ray instance (stopped again at the end). A process already connected (``ray.init`` called)
+            uses its cluster and stays connected.
         num_workers: actors to start; default: what the cluster's GPUs (``gpus_per_worker > 0``) or CPUs hold,
             at most one per pending shard.
         gpus_per_worker, cpus_per_worker: resources each actor reserves.
