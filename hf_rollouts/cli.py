@@ -3,7 +3,9 @@
 Each command's options are a dataclass; the parser is generated from it
 (transformers' ``HfArgumentParser``), so ``--help`` and the code never disagree.
 Works under ``accelerate launch``: every process generates its shard, the main
-process saves, pushes and prints.
+process saves, pushes and prints. ``--executor ray`` expands the shards on Ray workers
+(:class:`~hf_rollouts.executors.ExecutorOptions`); the flag is not ``--backend``, which
+already names the local model's generation backend (``generate`` / ``continuous``).
 """
 
 from __future__ import annotations
@@ -224,10 +226,13 @@ def _load_agent(args, sampling, options):
 
 def cmd_generate(argv: list[str]) -> int:
     from .agents.sampling import SamplingConfig
+    from .executors import ExecutorOptions
     from .pipeline import RolloutOptions
 
-    parser = HfArgumentParser([GenerateArgs, RolloutOptions, SamplingConfig], prog="hf-rollouts generate")
-    args, options, sampling = parser.parse_args_into_dataclasses(argv)
+    parser = HfArgumentParser(
+        [GenerateArgs, RolloutOptions, SamplingConfig, ExecutorOptions], prog="hf-rollouts generate"
+    )
+    args, options, sampling, where = parser.parse_args_into_dataclasses(argv)
     if (args.env is None) == (args.tasks is None):
         raise SystemExit("error: give exactly one of --env NAME or --tasks DIR_OR_HUB_ID.")
     _check_output(args.output, args.overwrite)  # before any generation
@@ -250,6 +255,7 @@ def cmd_generate(argv: list[str]) -> int:
     run = asdict(options)
     num_rollouts = run.pop("num_rollouts")
     from .agents.openai import OpenAIRequestError
+    from .executors import ShardFailedError
 
     try:
         ds = generate_rollouts(
@@ -261,8 +267,9 @@ def cmd_generate(argv: list[str]) -> int:
             cache_dir=args.cache_dir,
             chat_template_kwargs=_json_dict(args.chat_template_kwargs, "--chat-template-kwargs"),
             **run,
+            **asdict(where),
         )
-    except OpenAIRequestError as exc:  # e.g. the server cannot be reached to negotiate a mode
+    except (OpenAIRequestError, ShardFailedError) as exc:  # e.g. a server that cannot be reached; a lost Ray shard
         raise SystemExit(f"error: {exc}") from None
     state = process_state()
     if not state.is_main_process:

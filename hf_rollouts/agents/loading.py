@@ -6,10 +6,16 @@
   ``tokenizer`` names the served model's tokenizer (default: ``MODEL``), which the env uses.
   The agent negotiates token mode or chat mode with the server on first use.
 * anything else — a hub id or local path, loaded with ``from_pretrained``.
+
+:class:`AgentRecipe` says how to build an agent again in another process (a Ray worker, a
+``Dataset.map`` subprocess): a model cannot be shipped, a recipe can. ``load_agent`` records
+its own recipe on the agent it returns (``agent.recipe``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from .base import Agent
@@ -17,6 +23,41 @@ from .hf import TransformersAgent
 from .sampling import SamplingConfig
 
 TINY_SPECS = {"tiny": "tiny", "tiny-small": "small"}
+
+
+@dataclass(frozen=True)
+class AgentRecipe:
+    """How to build an agent in another process: ``load_agent(spec, **kwargs)`` or ``factory(**kwargs)``.
+
+    Give exactly one of ``spec`` (a :func:`load_agent` spec string) and ``factory`` (a picklable callable: a
+    module-level function or class that the other process can import). Whoever builds an agent from a recipe
+    checks that its :meth:`~hf_rollouts.agents.base.Agent.fingerprint` equals the reference agent's, so a recipe
+    that builds another model, other sampling settings or another seed is refused instead of mixing samples.
+    """
+
+    spec: str | None = None
+    factory: Callable[..., Agent] | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.spec is None) == (self.factory is None):
+            raise ValueError(
+                "AgentRecipe needs exactly one of spec= (a load_agent spec such as 'tiny' or a model id) and "
+                "factory= (a picklable callable returning an Agent)."
+            )
+        if self.factory is not None and not callable(self.factory):
+            raise TypeError(f"AgentRecipe.factory must be callable, got {type(self.factory).__name__}.")
+
+    def build(self) -> Agent:
+        """A new agent from the recipe."""
+        agent = load_agent(self.spec, **self.kwargs) if self.spec is not None else self.factory(**self.kwargs)
+        if not isinstance(agent, Agent):
+            raise TypeError(f"AgentRecipe factory {self.factory!r} returned {type(agent).__name__}, not an Agent.")
+        return agent
+
+    def describe(self) -> str:
+        what = repr(self.spec) if self.spec is not None else getattr(self.factory, "__qualname__", repr(self.factory))
+        return f"{what} with {self.kwargs}" if self.kwargs else what
 
 
 def load_agent(
@@ -31,13 +72,33 @@ def load_agent(
     trust_remote_code: bool = False,
     endpoint: dict[str, Any] | None = None,
 ) -> Agent:
-    """Return the agent for ``spec`` (see module docstring).
+    """Return the agent for ``spec`` (see module docstring), with ``agent.recipe`` set to the
+    :class:`AgentRecipe` that builds it again.
 
     ``seed`` seeds sampling (an endpoint's per-request seeds); ``backend`` and ``reuse_kv``
     are :class:`~.hf.TransformersAgent` options. ``endpoint`` holds extra
     :class:`~.openai.OpenAISettings` fields (concurrency,
     timeout, max_retries, ...) for ``openai:`` specs.
     """
+    recipe = AgentRecipe(
+        spec=spec,
+        kwargs={
+            "sampling": sampling,
+            "seed": seed,
+            "model_seed": model_seed,
+            "backend": backend,
+            "reuse_kv": reuse_kv,
+            "tokenizer": tokenizer,
+            "trust_remote_code": trust_remote_code,
+            "endpoint": endpoint,
+        },
+    )
+    agent = _load(spec, sampling, seed, model_seed, backend, reuse_kv, tokenizer, trust_remote_code, endpoint)
+    agent.recipe = recipe
+    return agent
+
+
+def _load(spec, sampling, seed, model_seed, backend, reuse_kv, tokenizer, trust_remote_code, endpoint) -> Agent:
     sampling = sampling or SamplingConfig()
     if spec in TINY_SPECS:
         from ..tiny_model import build_tiny_model
