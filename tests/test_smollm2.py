@@ -110,7 +110,7 @@ def test_it_plays_twenty_questions_token_exact(smol, recording, tmp_path):
             ids, mask = row["padded_full_token_ids"][r], row["padded_agent_token_mask"][r]
             n, lps = sum(row["padded_full_attention_mask"][r]), row["padded_logprobs"][r]
             sampled = []
-            for prompt, action in agent.log[f"task{t}/rollout{r}"]:
+            for prompt, action in agent.log[f"row{t}/task0/rollout{r}"]:
                 assert ids[: len(prompt)] == prompt
                 assert ids[len(prompt) : len(prompt) + len(action.token_ids)] == action.token_ids
                 sampled += range(len(prompt), len(prompt) + len(action.token_ids))

@@ -7,7 +7,7 @@ deltas, ids sampled after a stop), so sliding windows and recurrent state rule i
 
 The cache itself is a :class:`GrowingCache` where that is exact (the same models): transformers'
 ``DynamicCache`` appends each decode step with ``torch.cat``, copying every layer's whole cache once per
-new token (for SmolLM2-135M at batch 32 and 400 cached positions, about 0.7 GB of copies per step, ~15% of a
+new token (for SmolLM2-135M at batch 32 and 400 cached positions, about 0.6 GB of copies per step, ~15% of a
 decode step on CPU); a :class:`GrowingCache` writes each step in place into spare capacity.
 """
 
