@@ -10,6 +10,12 @@ Subclasses implement three hooks and know nothing of models:
 * ``_step_episode(session_id, state, action) -> (state, reward, done, info)`` —
   apply the agent's action text. ``done`` means the game ended (won or lost).
 
+Any of these hooks may be ``async def``: the engine awaits it on its own event loop, where
+thousands of waiting episodes cost no threads (:mod:`hf_rollouts.rollout.aio`; an async hook must
+not block). Sync hooks of different episodes run at the same time on the engine's worker threads
+(``env_workers``), so an env that waits on the outside world (an HTTP server, a sandbox, a judge)
+overlaps its waits; see :attr:`MultistepEnv.thread_safe_hooks`.
+
 Optional hooks: ``_calculate_reward(state, step_rewards) -> float`` (default: the sum of
 step rewards), ``_system_prompt(state)``, ``_tools()`` (tool schemas for the chat template), and
 ``_task_list(split, num_tasks)``, which :meth:`~MultistepEnv.get_train_dataset` /
@@ -27,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import random
+import threading
 import warnings
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
@@ -36,7 +43,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..agents.base import Agent
 from ..chat import ChatDelta
-from ..rollout import episode_jobs, pad_groups, run_episode, run_episodes
+from ..rollout import DEFAULT_ENV_WORKERS, episode_jobs, pad_groups, run_episode, run_episodes
 from ..schema import to_task_dataset
 from .config import EnvConfig, UnknownConfigKeyWarning
 
@@ -84,6 +91,13 @@ class MultistepEnv(ABC):
     config_class: ClassVar[type[EnvConfig]] = EnvConfig
     """The typed declaration of this env's ``env_config`` keys (see :mod:`hf_rollouts.envs.config`)."""
 
+    thread_safe_hooks: ClassVar[bool] = True
+    """Sync hooks of different episodes run at the same time on the engine's worker threads (``env_workers``).
+    An env whose hooks share something that is not thread-safe (a client, a C library, a file) sets this to
+    ``False``: the engine then runs its sync hooks one at a time (``hooks_lock``), and the time an episode
+    waits for that lock counts against its ``step_timeout``. Better: guard only the shared thing with a lock
+    of your own, or write the hook as ``async def``."""
+
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
         self.config = self.parse_config(env_config)
         self.tokenizer = tokenizer
@@ -93,6 +107,7 @@ class MultistepEnv(ABC):
         self.reward_placement: str = self.config.reward_placement
         self.seed: int = self.config.seed
         self.chat = ChatDelta(tokenizer, template_kwargs=self.config.chat_template_kwargs or {}, tools=self._tools())
+        self.hooks_lock: threading.Lock | None = None if self.thread_safe_hooks else threading.Lock()
 
     @classmethod
     def parse_config(cls, env_config: dict[str, Any] | None, *, warn: bool = True) -> EnvConfig:
@@ -210,6 +225,7 @@ class MultistepEnv(ABC):
         *,
         on_error: str = "record",
         max_concurrency: int | None = None,
+        env_workers: int = DEFAULT_ENV_WORKERS,
     ) -> dict[str, list]:
         """Play ``num_rollouts`` episodes of each task; return padded trajectories.
 
@@ -225,7 +241,9 @@ class MultistepEnv(ABC):
         if num_rollouts < 1:
             raise ValueError(f"num_rollouts must be >= 1, got {num_rollouts}.")
         jobs = episode_jobs(self, task_data_list, num_rollouts)
-        episodes = run_episodes(jobs, agent, max_concurrency=max_concurrency, on_error=on_error)
+        episodes = run_episodes(
+            jobs, agent, max_concurrency=max_concurrency, on_error=on_error, env_workers=env_workers
+        )
         out: dict[str, list] = {}
         for group in pad_groups(episodes, num_rollouts, self.tokenizer.pad_token_id):
             for key, values in group.items():
