@@ -12,10 +12,10 @@ if [ "$MODEL" = tiny ]; then
   .venv/bin/hf-rollouts generate --env twenty_questions --num-tasks 8 --env-config '{"max_turns": 6}' \
     --num-rollouts 4 --model tiny --seed 0 --output "$OUT" --overwrite
 else
-  # Budgets sized so that turns end on the model's own <|im_end|> (num_cut_turns near 0) and the run takes about a
-  # minute on 2 CPU cores; the system prompt asks for one short question per turn.
-  SYSTEM="You are playing Twenty Questions. Each turn, ask exactly one short yes-or-no question about the hidden \
-object, such as: Is it an animal? Is it bigger than a chair? Reply with the question only."
+  # Budgets sized so that turns end on the model's own <|im_end|> (3 of 80 turns cut at 48 tokens when measured)
+  # and generation takes under a minute on 2 CPU cores; the system prompt asks for one short question per turn
+  # (longer prompts with more rules made this 135M model ramble: 24-29 of 80 turns cut).
+  SYSTEM="You are playing Twenty Questions. Ask one short yes-or-no question, for example: Is it an animal?"
   .venv/bin/hf-rollouts generate --env twenty_questions --num-tasks 4 --num-rollouts 4 --model "$MODEL" --seed 0 \
     --env-config "{\"max_turns\": 5, \"system_prompt\": \"$SYSTEM\"}" \
     --temperature 0.7 --max-new-tokens 48 --output "$OUT" --overwrite
