@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ._version import __version__
 from .agents.base import Agent
+from .schema import ROLLOUT_FEATURES
 
 
 def canonical(obj: Any) -> str:
@@ -41,7 +42,7 @@ def rollout_fingerprint(
     fingerprint, each env's fingerprint (``envs``: source, data files), the agent's fingerprint (weights probe, sampling
     settings, negotiated mode), the tokenizer, every field of ``opts`` (a
     :class:`~hf_rollouts.pipeline.RolloutOptions`) but those it lists in ``not_in_fingerprint`` (they do not change
-    the rows, e.g. ``env_workers``) and the library version."""
+    the rows, e.g. ``env_workers``), the library version and the rollout columns' schema."""
     unfingerprinted = getattr(opts, "not_in_fingerprint", ())
     payload = canonical(
         {
@@ -51,6 +52,7 @@ def rollout_fingerprint(
             "tokenizer": tokenizer_fingerprint(tokenizer),
             "options": {f.name: getattr(opts, f.name) for f in fields(opts) if f.name not in unfingerprinted},
             "hf_rollouts": __version__,
+            "rollout_schema": str(ROLLOUT_FEATURES),  # a new column must not reuse shards written without it
         }
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:20]

@@ -12,6 +12,9 @@ contract of :class:`~hf_rollouts.envs.base.MultistepEnv`:
   ``info``; ``_calculate_reward`` returns a finite real number;
 * the same task played twice gives the same episode (no global randomness);
 * ``async def`` hooks are awaited (on the engine's loop), like the engine does;
+* a tool env's ``_call_tools`` answers a call with one :class:`~hf_rollouts.types.ToolResult` (a call to no
+  such tool is an error result, not an exception); its tools were declared and its template accepted when
+  the env was built;
 * with ``_task_list``: tasks are deterministic under ``env_config['seed']`` and train/eval
   tasks are disjoint.
 
@@ -31,6 +34,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from ..rollout import resolve
+from ..types import ToolCall, ToolResult
 from .base import MultistepEnv
 
 DEFAULT_ACTIONS = ("1 2 3 4", "Is it alive?", "yes", "7", "hello", "[1]", "Is it a clock?", "left")
@@ -197,6 +201,16 @@ def check_env(
             f"{name}._initialize_episode returned the same state object twice; return a new object per episode "
             "(episodes of one env run concurrently)."
         )
+
+    if env.toolbox is not None:  # a tool env: _call_tools answers every call with one ToolResult, never raising
+        probe = ToolCall("__check_env_no_such_tool__", {}, id="call_check")
+        state = env._initialize_episode("tools", copy.deepcopy(tasks[0]))
+        answer = env._call_tools("tools", state, [probe])
+        if not (isinstance(answer, list) and len(answer) == 1 and isinstance(answer[0], ToolResult)):
+            problems.append(
+                f"{name}._call_tools returned {answer!r:.80} for one call; it must return one ToolResult per call "
+                "(hf_rollouts.tools.run_tool_calls does)."
+            )
 
     before = _attributes(env)
     alone = [_play(env_cls(tokenizer, config), f"alone{i}", t, actions, problems) for i, t in enumerate(tasks)]

@@ -21,14 +21,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Generator
+from functools import partial
 from typing import Any, Protocol
 
 from ..agents.base import Agent
 from ..chat import ChatDelta
-from ..seeding import derive_seed
 from ..types import AgentRequest, Episode
 from .aio import resolve
 from .recorder import EpisodeRecorder
+from .tool_loop import agent_turn, turns_left
 
 ON_ERROR = ("record", "raise")
 
@@ -141,28 +142,28 @@ def episode_steps(
     rec = recorder if recorder is not None else EpisodeRecorder(env.chat, env.reward_placement)
     clock = clock if clock is not None else HookClock()
     clock.lock = getattr(env, "hooks_lock", None)
+    rec.tools = rec.tools or getattr(env, "tool_turns", None)  # set by an env with executable tools
+    hook = partial(_hook, clock)  # called as `yield from hook(name, fn, *args)`
     try:
-        state = yield from _hook(clock, "_initialize_episode", env._initialize_episode, session_id, task_data)
+        state = yield from hook("_initialize_episode", env._initialize_episode, session_id, task_data)
         agent_state, step_rewards, done = None, [], False
-        system = env.env_config.get("system_prompt") or (
-            yield from _hook(clock, "_system_prompt", env._system_prompt, state)
-        )
+        system = env.env_config.get("system_prompt") or (yield from hook("_system_prompt", env._system_prompt, state))
         for step in range(env.max_turns):
-            prompt = yield from _hook(clock, "_format_prompt", env._format_prompt, state, step)
+            if not turns_left(env, rec):  # tool-call turns count against max_turns
+                break
+            prompt = yield from hook("_format_prompt", env._format_prompt, state, step)
             rec.add_env_message(prompt, system=system if step == 0 else None)
             if env.max_episode_tokens and len(rec.ids) >= env.max_episode_tokens:
                 break
-            turn_seed = None if seed is None else derive_seed(seed, step)
-            action, agent_state = yield rec.request(agent_state, session_id, turn_seed)
-            text = rec.add_action(action)
-            state, reward, done, info = yield from _hook(
-                clock, "_step_episode", env._step_episode, session_id, state, text
-            )
+            text, agent_state = yield from agent_turn(env, rec, hook, session_id, state, agent_state, seed)
+            if text is None:  # a tool limit ended the episode
+                break
+            state, reward, done, info = yield from hook("_step_episode", env._step_episode, session_id, state, text)
             rec.reward_turn(reward, info)
             step_rewards.append(float(reward))
             if done:
                 break
-        final = yield from _hook(clock, "_calculate_reward", env._calculate_reward, state, step_rewards)
+        final = yield from hook("_calculate_reward", env._calculate_reward, state, step_rewards)
         return rec.finish("done" if done else "truncated", final)
     except Exception as exc:
         if on_error == "raise":
