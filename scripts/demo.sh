@@ -20,4 +20,6 @@ else
     --env-config "{\"max_turns\": 5, \"system_prompt\": \"$SYSTEM\"}" \
     --temperature 0.7 --max-new-tokens 48 --output "$OUT" --overwrite
 fi
-.venv/bin/hf-rollouts inspect "$OUT" --row 0 --rollout 0
+# Show the smollm2 run's most game-like episode (seed 0: "Is it a cat?", "Is it a dog?", ...); any row/rollout works.
+if [ "$MODEL" = tiny ]; then SHOW=0; else SHOW=2; fi
+.venv/bin/hf-rollouts inspect "$OUT" --row 0 --rollout "$SHOW"
