@@ -27,7 +27,8 @@ episodes an assistant message may carry ``tool_calls`` (``[{"id", "type": "funct
 Status = Literal["done", "truncated", "error"]
 EPISODE_STATUSES: tuple[str, ...] = ("done", "truncated", "error")
 """``done``: the environment ended the episode (won or lost). ``truncated``: a
-turn or token budget cut it off before the environment ended it. ``error``: an
+turn or token budget cut it off before the environment ended it, or the environment
+ended it by its own limit (``info["truncated"] = True`` from ``_step_episode``). ``error``: an
 exception was raised, or the agent or environment handed over something invalid
 (see :class:`Episode`); the episode's reward is NaN, never a fake zero.
 

@@ -8,7 +8,9 @@ Subclasses implement three hooks and know nothing of models:
 * ``_format_prompt(state, step) -> str`` — the environment's message at ``step``
   (step 0: the task; later steps: feedback on the last action).
 * ``_step_episode(session_id, state, action) -> (state, reward, done, info)`` —
-  apply the agent's action text. ``done`` means the game ended (won or lost).
+  apply the agent's action text. ``done`` means the game ended (won or lost). An env whose own
+  rules cut the episode short (its turn limit, as an external env may have) returns ``done=True``
+  with ``info["truncated"] = True``: the episode is stored as ``truncated``, not ``done``.
 
 Any of these hooks may be ``async def``: the engine awaits it on its own event loop, where
 thousands of waiting episodes cost no threads (:mod:`hf_rollouts.rollout.aio`; an async hook must
@@ -173,7 +175,10 @@ class MultistepEnv(ABC):
 
     @abstractmethod
     def _step_episode(self, session_id: str, state: Any, action: str) -> tuple[Any, float, bool, dict[str, Any]]:
-        """Apply ``action``; return ``(next_state, reward, done, info)``."""
+        """Apply ``action``; return ``(next_state, reward, done, info)``.
+
+        ``info["truncated"] = True`` (with ``done=True``) stores the episode as ``truncated``: the env's own
+        limit ended it, it was not won or lost (see :mod:`hf_rollouts.rollout.recorder`)."""
 
     def _calculate_reward(self, state: Any, step_rewards: list[float]) -> float:
         """Final reward of an episode that ended without error. Default: sum of step rewards."""

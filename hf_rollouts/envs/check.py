@@ -92,6 +92,14 @@ def _record(
                 f"{name}._step_episode returned info of type {type(info).__name__}; return a dict (may be empty)."
             )
             return
+        truncated = info.get("truncated", False)
+        if not isinstance(truncated, bool) or (truncated and not done):
+            problems.append(
+                f"{name}._step_episode returned info['truncated']={truncated!r} with done={done!r} at step {step}; "
+                "info['truncated'] must be a bool, and True only together with done=True (the env's own limit "
+                "ended the episode)."
+            )
+            return
         step_rewards.append(float(reward))
         yield ("step", step, float(reward), done, json.dumps(info, sort_keys=True, default=repr))
         if done:

@@ -21,6 +21,12 @@ appended (the episode loop then records the episode as ``error`` with the messag
   one (:class:`AgentOutputError`);
 * a step reward or final reward that is not a finite number (:class:`EnvOutputError`):
   see the reward rule in :mod:`hf_rollouts.types`.
+
+**Truncation reported by the environment.** An env whose own rules cut an episode short (an external
+env's turn limit, a time budget: Gymnasium's ``truncated``, as opposed to won or lost) returns
+``done=True`` with ``info["truncated"] = True`` from ``_step_episode``; the episode is then stored as
+``truncated``, never ``done``. ``info["truncated"]`` must be a bool, and ``True`` only on the step
+that ends the episode (:data:`TRUNCATED_KEY`; anything else is an :class:`EnvOutputError`).
 """
 
 from __future__ import annotations
@@ -43,6 +49,10 @@ tokens. Either way the per-token rewards of an episode sum to the sum of its
 step rewards, and non-agent tokens always get 0. A step whose action has no
 tokens puts its reward on the previous agent token; before any agent token it
 is recorded in ``Episode.turns[i].info["unplaced_reward"]``."""
+
+
+TRUNCATED_KEY = "truncated"
+"""The ``info`` key of ``_step_episode`` by which an env says its own rules truncated the episode (see above)."""
 
 
 class AgentOutputError(ValueError):
@@ -94,6 +104,7 @@ class EpisodeRecorder:
         self.tool_records: list[dict[str, Any]] = []
         self.num_tool_calls = 0
         self.num_tool_errors = 0
+        self.env_truncated = False  # the env said info["truncated"] = True (must end the episode)
 
     def _append(
         self,
@@ -263,6 +274,7 @@ class EpisodeRecorder:
         Raises :class:`EnvOutputError` (nothing recorded) when ``reward`` is not a finite number.
         """
         reward = _check_reward(reward, f"the step reward of turn {len(self.turns) - 1} (_step_episode)")
+        self._check_truncated(info)
         turn = self.turns[-1]
         turn.reward = reward
         turn.info = dict(info or {})
@@ -282,6 +294,21 @@ class EpisodeRecorder:
         else:
             turn.info["unplaced_reward"] = reward
 
+    def _check_truncated(self, info: dict[str, Any] | None) -> None:
+        """Record ``info["truncated"]``; :class:`EnvOutputError` if it is not a bool or an earlier step set it."""
+        if self.env_truncated:
+            raise EnvOutputError(
+                f"_step_episode returned info[{TRUNCATED_KEY!r}] = True at turn {len(self.turns) - 2} but the episode "
+                f"went on: return done=True with it (the step that truncates the episode ends it)."
+            )
+        flag = (info or {}).get(TRUNCATED_KEY, False)
+        if not isinstance(flag, bool):
+            raise EnvOutputError(
+                f"_step_episode returned info[{TRUNCATED_KEY!r}] = {_show(flag)} ({type(flag).__name__}); it must be "
+                "a bool (True: the env's own limit ended the episode, stored as 'truncated')."
+            )
+        self.env_truncated = flag
+
     def snapshot_error(self, error: str) -> Episode:
         """An ``error`` episode from a *copy* of what is recorded so far, for an episode abandoned while one of its
         hooks still runs in another thread (which may go on appending to this recorder)."""
@@ -300,7 +327,10 @@ class EpisodeRecorder:
 
     def finish(self, status: Status, final_reward: float, error: str | None = None) -> Episode:
         """The finished :class:`Episode`. A ``done``/``truncated`` episode whose ``final_reward`` is
-        not a finite number becomes ``error`` (the reward rule of :mod:`hf_rollouts.types`)."""
+        not a finite number becomes ``error`` (the reward rule of :mod:`hf_rollouts.types`); a ``done``
+        episode whose last step said ``info["truncated"] = True`` becomes ``truncated``."""
+        if status == "done" and self.env_truncated:
+            status = "truncated"  # the env ended the episode by its own limit, not by winning or losing
         if status != "error":
             try:
                 final_reward = _check_reward(final_reward, "the final reward (_calculate_reward)")
