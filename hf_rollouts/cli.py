@@ -35,8 +35,8 @@ def _json_dict(text: str | None, flag: str) -> dict[str, Any]:
 class TasksArgs:
     env: str = field(
         metadata={
-            "help": "Environment short name (twenty_questions, mastermind, guess_number), textarena:GAME-ID, or a "
-            "class path under hf_rollouts.envs."
+            "help": "Environment short name (twenty_questions, mastermind, guess_number), textarena:GAME-ID, "
+            "reasoning_gym:DATASET, skyrl:ENV, openenv:URL, verifiers:ENV-ID, or a class path under hf_rollouts.envs."
         }
     )
     output: str = field(metadata={"help": "Directory to write the task dataset to (save_to_disk)."})
@@ -181,12 +181,11 @@ def _make_tasks(
     env: str, split: str, num_tasks: int | None, env_config: str | None, allowed_env_modules: list[str] = ()
 ):
     from .envs import get_env_class
+    from .envs.registry import resolve_env_spec
     from .tiny_model import build_tokenizer
 
-    config = _json_dict(env_config, "--env-config")
-    if env.startswith("textarena:"):  # textarena:GAME-ID, e.g. textarena:Mastermind-v0
-        config = {"env_id": env.split(":", 1)[1], **config}
-        env = "hf_rollouts.envs.textarena.TextArenaEnv"
+    env, named = resolve_env_spec(env)  # e.g. textarena:Mastermind-v0, reasoning_gym:basic_arithmetic
+    config = {**named, **_json_dict(env_config, "--env-config")}
     cls = get_env_class(env, allowed_env_modules)
     instance = cls(build_tokenizer(), config)
     return instance.get_eval_dataset(num_tasks) if split == "eval" else instance.get_train_dataset(num_tasks)

@@ -26,7 +26,31 @@ ENV_REGISTRY: dict[str, str] = {
     "guess_number": "hf_rollouts.envs.guess_number.GuessNumberEnv",
     "hidden_function": "hf_rollouts.envs.hidden_function.HiddenFunctionEnv",
 }
-"""Short names the CLI accepts; ``textarena:GAME-ID`` is handled by the CLI."""
+"""Short names the CLI accepts; ``PREFIX:NAME`` specs of other ecosystems are :data:`ENV_PREFIXES`."""
+
+ENV_PREFIXES: dict[str, tuple[str, str]] = {
+    "textarena": ("hf_rollouts.envs.textarena.TextArenaEnv", "env_id"),
+    "reasoning_gym": ("hf_rollouts.envs.reasoning_gym.ReasoningGymEnv", "dataset"),
+    "skyrl": ("hf_rollouts.envs.skyrl.SkyRLGymEnv", "env_class"),
+    "openenv": ("hf_rollouts.envs.openenv.OpenEnvEnv", "base_url"),
+    "verifiers": ("hf_rollouts.envs.verifiers.VerifiersEnv", "env_id"),
+}
+"""``PREFIX:NAME`` env specs (CLI ``--env``): the adapter class and the ``env_config`` key that gets ``NAME``, e.g.
+``textarena:Mastermind-v0`` → ``TextArenaEnv`` with ``{"env_id": "Mastermind-v0"}``, ``openenv:http://127.0.0.1:8000``
+→ ``OpenEnvEnv`` with ``{"base_url": "http://127.0.0.1:8000"}``."""
+
+
+def resolve_env_spec(spec: str) -> tuple[str, dict]:
+    """``(short name or class path, env_config entries)`` of a CLI env spec: a ``PREFIX:NAME`` of
+    :data:`ENV_PREFIXES` gives the adapter's class path and ``{key: NAME}``; anything else is returned as is."""
+    prefix, sep, name = spec.partition(":")
+    if sep and prefix in ENV_PREFIXES:
+        if not name:
+            raise ValueError(f"env spec {spec!r} names no {prefix} environment: write {prefix}:NAME.")
+        path, key = ENV_PREFIXES[prefix]
+        return path, {key: name}
+    return spec, {}
+
 
 TRUSTED_PREFIXES = ("hf_rollouts.envs",)
 
@@ -104,7 +128,8 @@ def get_env_class(name: str, allowed_env_modules: Iterable[str] = ()) -> type[Mu
     under one of ``allowed_env_modules``)."""
     path = ENV_REGISTRY.get(name, name)
     if "." not in path:
-        raise KeyError(f"Unknown environment {name!r}. Known names: {sorted(ENV_REGISTRY)}.")
+        prefixes = ", ".join(f"{p}:NAME" for p in ENV_PREFIXES)
+        raise KeyError(f"Unknown environment {name!r}. Known names: {sorted(ENV_REGISTRY)}, or {prefixes}.")
     return resolve_env_class(path, allowed_env_modules)
 
 
