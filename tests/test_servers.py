@@ -372,3 +372,26 @@ def test_cli_against_transformers_serve_needs_no_extra_flag(transformers_server,
     assert "mode chat" in run.stdout
     shown = _cli("inspect", str(tmp_path / "out"))
     assert shown.returncode == 0 and "re-tokenized from text" in shown.stdout  # chat mode: text, tokenized once
+
+
+def test_token_mode_stop_strings_store_every_sampled_id(tiny, tokenizer):
+    """vLLM keeps every sampled id of a stop-string stop (the text alone is cut): all are stored as sampled, the env
+    parses text that holds the stop string, and the next turn's prompt continues the stored ids."""
+    model, _ = tiny
+    with VLLMProtocolServer(model, tokenizer) as server:
+        agent = OpenAIChatAgent(
+            base_url=server.url, model="tiny", tokenizer=tokenizer, max_new_tokens=12, stop=["e", "o "]
+        )
+        env = MastermindEnv(tokenizer, {"max_turns": 3})
+        out = env.run_trial(TASKS, agent, num_rollouts=2)
+        assert all(s in ("done", "truncated") for s in out["statuses"]), out["errors"]
+        turns = check_every_turn(out, server, "completions")  # stored ids == the server's ids, prompt == prefix
+        answers = [e for e in server.log[1:] if e["endpoint"] == "completions"]
+    assert turns == len(answers) and all(
+        e["body"]["stop"] == ["e", "o "] and e["body"]["include_stop_str_in_output"] for e in answers
+    )
+    by_string = [e for e in answers if any(s in tokenizer.decode(e["token_ids"]) for s in ("e", "o "))]
+    assert by_string  # some turns ended on a stop string ...
+    texts = [m["content"] for row in out["conversations"] for m in row if m["role"] == "assistant"]
+    assert all(tokenizer.decode(e["token_ids"], skip_special_tokens=True) in texts for e in by_string)
+    assert agent.stats["token_exact"] == turns and server.ignored_fields == []

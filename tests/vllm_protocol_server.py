@@ -26,6 +26,13 @@ Request and response shapes, and the sampling, follow these files of vLLM's sour
 * ``vllm/v1/core/sched/utils.py`` @018d5dc78efa ``check_stop`` — the EOS/stop id is the last
   sampled id (kept in ``token_ids`` and log-probs, cut from ``text``); ``stop_reason`` is the id
   for a ``stop_token_ids`` hit and ``null`` for EOS;
+* ``vllm/v1/engine/detokenizer.py`` @e372329d90d7 ``BaseIncrementalDetokenizer.update`` and
+  ``vllm/engine/output_processor/stop_checker.py`` ``check_stop_strings``, with
+  ``vllm/v1/engine/output_processor.py`` @d07822605346 ``process_outputs`` — stop strings: after each
+  sampled token the output text is checked; the first stop string found ends the request
+  (``finish_reason`` "stop", ``stop_reason`` the string); the *text* is cut before the stop string, or
+  after it with ``include_stop_str_in_output``; ``token_ids`` and log-probs keep every sampled id,
+  the one that completed the stop string included;
 * ``vllm/v1/sample/sampler.py`` ``Sampler.forward``/``sample`` and
   ``vllm/v1/sample/ops/topk_topp_sampler.py`` ``TopKTopPSampler.forward_native`` — the order:
   raw log-probs, then penalties (repetition on prompt and output ids, frequency and presence on
@@ -177,7 +184,8 @@ class VLLMProtocolServer:
         known = {
             "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
             "logprobs", "top_logprobs", "return_token_ids", "stop_token_ids", "n", "stream", "logit_bias",
-            "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+            "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop",
+            "include_stop_str_in_output",
         }  # fmt: skip
         self.ignored_fields += [k for k in body if k not in known]  # vLLM: extra="allow", a warning only
         if body.get("n", 1) != 1 or body.get("stream"):
@@ -185,6 +193,10 @@ class VLLMProtocolServer:
         stop = body.get("stop_token_ids") or []
         if not (isinstance(stop, list) and all(isinstance(i, int) for i in stop)):
             raise BadRequest("stop_token_ids must be a list of ints", "stop_token_ids")
+        stop_strings = body.get("stop") or []
+        stop_strings = [stop_strings] if isinstance(stop_strings, str) else stop_strings
+        if not (isinstance(stop_strings, list) and all(isinstance(x, str) for x in stop_strings)):
+            raise BadRequest("stop must be a string or a list of strings", "stop")
         sent = {**body, "max_tokens": body.get("max_completion_tokens") or body.get("max_tokens")}
         # to_sampling_params: the request's value, else the server's default, else OpenAI's
         p = {k: sent[k] if sent.get(k) is not None else self.defaults.get(k, d) for k, d in OPENAI_DEFAULTS.items()}
@@ -199,6 +211,8 @@ class VLLMProtocolServer:
             "top_k": int(p["top_k"]),
             "seed": body.get("seed"),
             "stop_token_ids": stop,
+            "stop": stop_strings,
+            "include_stop": bool(body.get("include_stop_str_in_output")),
             "return_ids": bool(body.get("return_token_ids")) and self.return_token_ids_supported,
             "logit_bias": {int(k): float(v) for k, v in (body.get("logit_bias") or {}).items()},
         }
@@ -219,7 +233,7 @@ class VLLMProtocolServer:
         tokens = self.tokenizer.convert_ids_to_tokens(ids)
         choice = {
             "index": 0,
-            "text": self._text(ids, finish),
+            "text": self._text(ids, finish, stop_reason, params),
             "logprobs": None
             if logprobs is None
             else {
@@ -259,7 +273,12 @@ class VLLMProtocolServer:
         tokens = self.tokenizer.convert_ids_to_tokens(ids)
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": self._text(ids, finish), "reasoning": None, "tool_calls": []},
+            "message": {
+                "role": "assistant",
+                "content": self._text(ids, finish, stop_reason, params),
+                "reasoning": None,
+                "tool_calls": [],
+            },
             "logprobs": {
                 "content": [
                     {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
@@ -320,9 +339,18 @@ class VLLMProtocolServer:
                     return ids, lps, "stop", None
                 if token in p["stop_token_ids"]:
                     return ids, lps, "stop", token
+                if p["stop"]:  # the detokenizer's check after each token: every sampled id is kept
+                    text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                    found = [x for x in p["stop"] if x in text]
+                    if found:
+                        return ids, lps, "stop", min(found, key=text.index)
         return ids, lps, "length", None
 
-    def _text(self, ids: list[int], finish: str) -> str:
+    def _text(self, ids: list[int], finish: str, stop_reason: Any, p: dict[str, Any]) -> str:
+        if isinstance(stop_reason, str):  # a stop string: the text is cut at it (after it with the include flag)
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            at = text.index(stop_reason)
+            return text[: at + len(stop_reason)] if p["include_stop"] else text[:at]
         shown = ids[:-1] if finish == "stop" else ids  # the detokenizer drops the stop token from the text
         return self.tokenizer.decode(shown, skip_special_tokens=True)
 

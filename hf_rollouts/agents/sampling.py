@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass(kw_only=True)
 class SamplingConfig:
-    """How an agent samples one turn (keyword-only). Every agent reads these three fields;
-    agent-specific settings (a local backend, an endpoint's URL) live on the agent."""
+    """How an agent samples one turn (keyword-only). Every agent reads these fields;
+    agent-specific settings (a local backend, an endpoint's URL) live on the agent.
+
+    ``stop``: strings that end a turn, as an end token does (SkyRL-style envs stop on ``</answer>``,
+    ``</sql>``). Token-exact: the turn ends with the sampled token whose text completes the first stop
+    string, and every sampled id up to and including it is stored as sampled (the token may carry text
+    past the stop string; nothing is cut out of a token). The action text the env parses is the decoded
+    ids, so it contains the stop string. The template's closing of the turn (``<|im_end|>``, ...), which
+    the model did not sample, follows as environment tokens, as after a turn cut by ``max_new_tokens``.
+    See :mod:`hf_rollouts.agents.stop_strings`.
+    """
 
     temperature: float = field(default=1.0, metadata={"help": "Softmax temperature; 0 means greedy decoding."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
     max_new_tokens: int = field(default=48, metadata={"help": "Token budget of one agent turn."})
+    stop: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Stop strings: a turn ends with the sampled token that completes one (kept, stored as sampled), "
+            "e.g. --stop '</answer>'."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_new_tokens < 1:
@@ -20,3 +37,16 @@ class SamplingConfig:
                 f"Invalid sampling settings temperature={self.temperature}, top_p={self.top_p}, "
                 f"max_new_tokens={self.max_new_tokens}: need temperature >= 0, 0 < top_p <= 1, max_new_tokens >= 1."
             )
+        if isinstance(self.stop, str):
+            raise ValueError(f"stop must be a list of strings, got the string {self.stop!r}; pass [{self.stop!r}].")
+        self.stop = list(self.stop)
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as a dict for fingerprints and cards; ``stop`` only when set (so runs without stop strings
+        keep the cache keys and cards they had before stop strings existed)."""
+        out = asdict(self)
+        if not out["stop"]:
+            del out["stop"]
+        return out

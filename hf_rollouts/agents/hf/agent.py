@@ -21,7 +21,6 @@ therefore never depend on the batch it shares, and the global torch RNG is never
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
 from typing import Any, Literal
 
 import torch
@@ -32,6 +31,7 @@ from ...distributed import process_state
 from ...types import Action, AgentRequest, Message
 from ..base import Agent
 from ..sampling import SamplingConfig
+from ..stop_strings import StopStringCriteria, stop_string_end
 from .backends import generate_continuous, generate_padded
 from .kv_cache import KVState, kv_reuse_unsafe_reason, reusable_rows
 from .sampler import RowSampler
@@ -226,6 +226,7 @@ class TransformersAgent(Agent):
                 keep_kv=self.reuse_kv,
                 stop_len=self._stop_len,
                 sampler=self._sampler(requests),
+                stopping=self._stopping if self.sampling.stop else None,
             )
         out = []
         for request, (ids, logprobs) in zip(requests, sampled):
@@ -264,9 +265,8 @@ class TransformersAgent(Agent):
         return digest.hexdigest()[:16]
 
     def _settings(self) -> dict[str, Any]:
-        return {
-            "sampling": {**asdict(self.sampling), "seed": self.seed, "reuse_kv": self.reuse_kv, "backend": self.backend}
-        }
+        sampling = self.sampling.to_dict()
+        return {"sampling": {**sampling, "seed": self.seed, "reuse_kv": self.reuse_kv, "backend": self.backend}}
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.name, **self._settings(), "device": str(self.device)}
@@ -305,14 +305,25 @@ class TransformersAgent(Agent):
             return_dict_in_generate=True,
         )
 
+    def _stopping(self, width: int) -> list:
+        """Stopping criteria of one ``generate`` call: the sampling config's stop strings."""
+        return [StopStringCriteria(self.tokenizer, self.sampling.stop, width)]
+
+    def _stop_at(self, ids: list[int]) -> tuple[int, bool]:
+        """``(n, stopped)``: ids up to and including the first stop id or the token completing the first stop string
+        (:mod:`~hf_rollouts.agents.stop_strings`); ``(len(ids), False)`` when neither occurs."""
+        n = next((i + 1 for i, t in enumerate(ids) if t in self.stop_ids), None)
+        if self.sampling.stop:
+            at = stop_string_end(self.tokenizer, ids if n is None else ids[:n], self.sampling.stop)
+            n = at if at is not None else n
+        return (len(ids), False) if n is None else (n, True)
+
     def _stop_len(self, ids: list[int]) -> int:
-        """Length of ``ids`` up to and including the first stop id (all of it if none)."""
-        for i, t in enumerate(ids):
-            if t in self.stop_ids:
-                return i + 1
-        return len(ids)
+        """Length of ``ids`` up to and including the first stop (all of it if none)."""
+        return self._stop_at(ids)[0]
 
     def _cut_at_stop(self, ids: list[int], logprobs: list[float]) -> tuple[list[int], list[float], bool]:
-        """Keep ids up to and including the first stop id; drop the batch's padding after it."""
-        n = self._stop_len(ids)
-        return ids[:n], logprobs[:n], n > 0 and ids[n - 1] in self.stop_ids
+        """Keep ids up to and including the first stop id or stop-string token; drop what follows (the batch's
+        padding; with the ``continuous`` backend, which has no stopping criteria, ids sampled past a stop string)."""
+        n, stopped = self._stop_at(ids)
+        return ids[:n], logprobs[:n], stopped

@@ -35,6 +35,7 @@ def generate_padded(
     keep_kv: bool,
     stop_len: Callable[[list[int]], int],
     sampler: RowSampler | None = None,
+    stopping: Callable[[int], list] | None = None,
 ) -> tuple[Sampled, KVState | None]:
     """One batched ``generate`` for ``requests``; returns the samples and the cache to keep.
 
@@ -46,6 +47,8 @@ def generate_padded(
     ``output_logits``); without it ``config`` samples with torch's global generator and must set
     ``output_logits=True``. A fresh prefill of a full-attention model gets a
     :class:`~.kv_cache.GrowingCache` (in-place decode steps); other models get ``generate``'s own cache.
+    ``stopping(width)`` gives extra stopping criteria for the call (stop strings), ``width`` being where
+    generated ids start.
     """
     device = model.device
     prompts = [r.prompt_token_ids for r in requests]
@@ -63,6 +66,7 @@ def generate_padded(
         past_key_values=cache,
         generation_config=config,
         logits_processor=None if sampler is None else [sampler],
+        stopping_criteria=None if stopping is None else stopping(width),
     )
     new = out.sequences[:, width:]
     if sampler is not None:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, fields, replace
+from dataclasses import fields, replace
 from typing import Any
 
 from ...types import Action, AgentRequest, Message
@@ -49,7 +49,7 @@ from .chat_mode import chat_action, chat_body
 from .completions import completion_action, completion_body, end_of_turn_ids, render_prompt
 from .http import JSONClient
 from .negotiation import Capabilities, negotiate, post_dropping
-from .sampling_params import NEUTRAL_FIELDS, check_logprob_settings, logprob_convention, request_seed
+from .sampling_params import NEUTRAL_FIELDS, STOP_TEXT_FIELD, check_logprob_settings, logprob_convention, request_seed
 from .settings import OpenAIRequestError, OpenAISettings, chat_completions_url, completions_url, parse_openai_spec
 from .stats import STAT_KEYS, RequestStats
 
@@ -313,7 +313,7 @@ class OpenAIChatAgent(Agent):
         }
 
     def _sampling(self) -> dict[str, Any]:
-        return {**asdict(self.sampling), "seed": self.settings.seed}
+        return {**self.sampling.to_dict(), "seed": self.settings.seed}
 
     # -- one request ----------------------------------------------------------------
     def request_seed(self, request: AgentRequest) -> int | None:
@@ -339,7 +339,7 @@ class OpenAIChatAgent(Agent):
 
     def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body``; neutral sampling fields the server rejects by name are dropped for good (not a failure)."""
-        data, dropped = post_dropping(self._http().post, url, body, tuple(NEUTRAL_FIELDS))
+        data, dropped = post_dropping(self._http().post, url, body, (*NEUTRAL_FIELDS, STOP_TEXT_FIELD))
         if dropped:
             with self._lock:
                 caps = self.capabilities
@@ -357,6 +357,7 @@ class OpenAIChatAgent(Agent):
             return chat_action(
                 data,
                 request,
+                stop=self.sampling.stop,
                 tokenizer=self.tokenizer,
                 policy=self.settings.on_token_mismatch,
                 where=f"POST {self.endpoint}",
@@ -377,8 +378,9 @@ class OpenAIChatAgent(Agent):
                 session_id=request.session_id,
             )
         data = self._post(self.completions_endpoint, self.request_body(request))
+        where = f"POST {self.completions_endpoint}"
         action, checked = completion_action(
-            data, request, caps, tokenizer=self.tokenizer, where=f"POST {self.completions_endpoint}"
+            data, request, caps, tokenizer=self.tokenizer, where=where, stop=self.sampling.stop
         )
         self._count("token_exact")
         if checked:

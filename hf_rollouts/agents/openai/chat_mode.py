@@ -64,10 +64,18 @@ def chat_action(
     policy: str,
     where: str,
     count: Callable[[str], None],
+    stop: list[str] | None = None,
 ) -> Action:
-    """The :class:`Action` of one chat answer after the per-turn checks (see the module docstring)."""
+    """The :class:`Action` of one chat answer after the per-turn checks (see the module docstring).
+
+    With stop strings: a server that trimmed the stop string from the text (it ignored
+    ``include_stop_str_in_output``) and named it as the ``stop_reason`` (vLLM) gets it appended back, so the env
+    parses what the model wrote."""
     answer = parse_chat(data, where)
     text = answer.text or ""
+    reason = (data.get("choices") or [{}])[0].get("stop_reason") if stop else None
+    if isinstance(reason, str) and reason in stop and not text.endswith(reason):
+        text += reason
     if not answer.token_ids:
         count("text_fallbacks")
         return Action(text=text, stopped=answer.stopped)

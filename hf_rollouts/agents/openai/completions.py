@@ -6,6 +6,8 @@ The request follows vLLM's ``CompletionRequest`` (``vllm/entrypoints/openai/comp
      "top_k": -1, "min_p": 0, "repetition_penalty": 1, "presence_penalty": 0, "frequency_penalty": 0,
      "logprobs": 0, "return_token_ids": true, "stop_token_ids": [end-of-turn ids]}
 
+plus ``"stop": [...], "include_stop_str_in_output": true`` with stop strings (:class:`SamplingConfig`.stop).
+
 ``logprobs: 0`` asks for the sampled token's log-prob only; every sampling parameter is sent,
 because a server fills unset ones from the model's ``generation_config`` (see
 :mod:`.sampling_params`). SGLang accepts the same fields. The server conditions on exactly
@@ -91,9 +93,19 @@ def completion_body(
 
 
 def completion_action(
-    data: dict[str, Any], request: AgentRequest, caps: Capabilities, *, tokenizer: Any, where: str
+    data: dict[str, Any],
+    request: AgentRequest,
+    caps: Capabilities,
+    *,
+    tokenizer: Any,
+    where: str,
+    stop: list[str] | None = None,
 ) -> tuple[Action, bool]:
-    """The :class:`Action` of one answer, checked (see the module docstring); ``(action, prompt_checked)``."""
+    """The :class:`Action` of one answer, checked (see the module docstring); ``(action, prompt_checked)``.
+
+    With stop strings the ids are stored as returned (every sampled id, the one that completed the stop string
+    included; vLLM never trims ids, only text) and the action text is their decoding by the env tokenizer, so it
+    holds the stop string whatever the server did with its text (``include_stop_str_in_output``)."""
     answer = parse_completion(data, where, want_logprobs=caps.returns_logprobs)
     ids = answer.token_ids or []
     if answer.prompt_ids is not None:
@@ -104,6 +116,8 @@ def completion_action(
     if problem:
         raise OpenAIRequestError(f"{where}: token contract broken: {problem}.")
     text = answer.text
+    if stop and tokenizer is not None:
+        text = tokenizer.decode(ids, skip_special_tokens=True)
     if text is None:
         if tokenizer is None:
             raise OpenAIRequestError(f"{where}: choices[0].text is missing and there is no tokenizer to decode ids.")

@@ -29,10 +29,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .parsing import int_list
-from .sampling_params import NEUTRAL_FIELDS
+from .sampling_params import NEUTRAL_FIELDS, STOP_TEXT_FIELD
 from .settings import OpenAIHTTPError, OpenAIRequestError, OpenAISettings
 
-OPTIONAL_FIELDS = ("return_token_ids", "logprobs", "stop_token_ids", "seed", "top_p", *NEUTRAL_FIELDS)
+OPTIONAL_FIELDS = (
+    "return_token_ids",
+    "logprobs",
+    "stop_token_ids",
+    "seed",
+    "top_p",
+    STOP_TEXT_FIELD,
+    *NEUTRAL_FIELDS,
+)
 """Request fields a server may lack; the probe drops each one the server names in a 400/422."""
 
 Post = Callable[[str, dict[str, Any]], dict[str, Any]]

@@ -38,14 +38,23 @@ NEUTRAL_FIELDS: dict[str, float | int] = {
 """Sampling fields hf_rollouts does not use, with the values that switch them off."""
 
 
+STOP_TEXT_FIELD = "include_stop_str_in_output"
+"""vLLM's flag to keep the stop string in the answer's *text* (its token ids always hold every sampled id, the
+token that completed the stop string included: ``vllm/v1/engine/detokenizer.py``, ``output_processor.py``). Sent
+with stop strings; dropped by negotiation where a server rejects it by name."""
+
+
 def sampling_fields(sampling: SamplingConfig, max_tokens: int | None = None) -> dict[str, Any]:
-    """The request's sampling fields: the :class:`SamplingConfig` and :data:`NEUTRAL_FIELDS`."""
-    return {
+    """The request's sampling fields: the :class:`SamplingConfig` (with its stop strings) and :data:`NEUTRAL_FIELDS`."""
+    fields = {
         "max_tokens": max_tokens or sampling.max_new_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         **NEUTRAL_FIELDS,
     }
+    if sampling.stop:
+        fields.update({"stop": list(sampling.stop), STOP_TEXT_FIELD: True})
+    return fields
 
 
 def request_seed(base: int | None, run_seed: Any, request: AgentRequest) -> int | None:
