@@ -184,7 +184,11 @@ def check_env(
         ) from exc
     has_tasks = type(env)._task_list is not MultistepEnv._task_list
     if has_tasks:
-        train, evaluation = _split_tasks(env_cls, tokenizer, config, num_tasks)
+        try:
+            train, evaluation = _split_tasks(env_cls, tokenizer, config, num_tasks)
+        except NotImplementedError:  # tasks need configuration this config lacks (e.g. a dataset path)
+            has_tasks = False
+    if has_tasks:
         again = _split_tasks(env_cls, tokenizer, config, num_tasks)
         if (train, evaluation) != again:
             problems.append(
