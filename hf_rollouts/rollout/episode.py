@@ -164,7 +164,7 @@ def episode_steps(
             if done:
                 break
         final = yield from hook("_calculate_reward", env._calculate_reward, state, step_rewards)
-        return rec.finish("done" if done else "truncated", final)
+        return rec.finish("done" if done else "truncated", final, env_state=state)
     except Exception as exc:
         if on_error == "raise":
             raise
