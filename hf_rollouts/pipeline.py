@@ -70,7 +70,7 @@ from .envs.config import UnknownConfigKeyWarning
 from .envs.registry import validate_task_rows, validate_tasks
 from .executors import Executor, ExecutorOptions, ShardFailedError, ShardPlan, make_executor, plan_shards
 from .fingerprint import canonical, rollout_fingerprint, tokenizer_fingerprint
-from .rollout import DEFAULT_ENV_WORKERS, episode_jobs, pad_task, run_episodes
+from .rollout import DEFAULT_ENV_WORKERS, apply_group_rewards, episode_jobs, pad_task, run_episodes
 from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_task_dataset, complete_structs
 from .seeding import derive_seed
 from .shard_cache import ShardCacheError, ShardFile
@@ -180,15 +180,17 @@ def play_rows(
     of row ``i`` is seeded ``derive_seed(derive_seed(seed, i), 0, r)`` (its turn ``k`` with
     ``derive_seed(that, k)``), and the agent's own stream is reset with ``derive_seed(seed, row_ids[0])``.
     All the rows' episodes run in one engine run (at most ``max_concurrency`` alive) and share each agent
-    call. Returns, per row, its unpadded episodes in rollout order.
+    call. Returns, per row, its unpadded episodes in rollout order, with the env's group rewards applied
+    (:func:`~hf_rollouts.rollout.apply_group_rewards`).
     """
     r = opts.num_rollouts
-    jobs = []
+    jobs, row_envs = [], []
     for k, (row, path, config, task) in enumerate(
         zip(row_ids, rows["env_class_path"], rows["env_config"], rows["task_data"])
     ):
+        row_envs.append(envs.get(path, config))
         jobs += episode_jobs(
-            envs.get(path, config), [task], r, prefix=f"row{row}/", start=k * r, seed=derive_seed(opts.seed, row)
+            row_envs[-1], [task], r, prefix=f"row{row}/", start=k * r, seed=derive_seed(opts.seed, row)
         )
     agent.set_seed(derive_seed(opts.seed, row_ids[0]))
     episodes = run_episodes(
@@ -201,7 +203,11 @@ def play_rows(
         episode_timeout=opts.episode_timeout,
         env_workers=opts.env_workers,
     )
-    return [episodes[k * r : (k + 1) * r] for k in range(len(row_ids))]
+    # each row's group rewards once all its episodes are in, before padding (hf_rollouts.rollout.group)
+    return [
+        apply_group_rewards(row_envs[k], rows["task_data"][k], episodes[k * r : (k + 1) * r], on_error=opts.on_error)
+        for k in range(len(row_ids))
+    ]
 
 
 def rollout_columns(groups: list[list[dict[str, Any]]], pad_token_id: int) -> dict[str, list]:

@@ -223,6 +223,9 @@ class Episode:
     num_tool_errors: int = 0
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     """One record per tool call: ``{"turn", "name", "arguments", "status", "seconds"}``."""
+    env_state: Any = field(default=None, repr=False, compare=False)
+    """The env's state object at the end of a ``done``/``truncated`` episode, kept only until the task's group
+    rewards are computed (:mod:`hf_rollouts.rollout.group`); never stored in a dataset."""
 
     @property
     def full_attention_mask(self) -> list[int]:

@@ -73,3 +73,109 @@ def test_check_env_catches_a_truncated_flag_without_done(tokenizer):
     check_env(OwnLimitEnv, tokenizer, env_config={"own_limit": 2})
     with pytest.raises(EnvCheckError, match="True only together with done=True"):
         check_env(OwnLimitEnv, tokenizer, env_config={"own_limit": 3, "flag_early": True})
+
+
+# -- group rewards ------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class GroupConfig(EnvConfig):
+    mode: str = option("center", "What the group hook does.", choices=("center", "raise", "nan", "short", "async"))
+
+
+class GroupEnv(MultistepEnv):
+    """Two turns; step reward 1 for each 'good' action. The group hook centres the group's final rewards."""
+
+    config_class = GroupConfig
+    default_max_turns = 2
+
+    def _initialize_episode(self, session_id, task_data):
+        return {"actions": []}
+
+    def _format_prompt(self, state, step):
+        return "say good"
+
+    def _step_episode(self, session_id, state, action):
+        state = {"actions": [*state["actions"], action]}
+        return state, float(action == "good"), len(state["actions"]) == 2, {}
+
+    def _calculate_group_rewards(self, task_data, states, final_rewards):
+        assert all(len(s["actions"]) == 2 for s in states)  # the final states
+        mode = self.config.mode
+        if mode == "raise":
+            raise RuntimeError("judge unavailable")
+        if mode == "nan":
+            return [math.nan] * len(states)
+        if mode == "short":
+            return final_rewards[:-1]
+        mean = sum(final_rewards) / len(final_rewards)
+        centred = [r - mean for r in final_rewards]
+        if mode == "async":
+
+            async def later():
+                return centred
+
+            return later()
+        return centred
+
+
+class PerRollout(ScriptedAgent):
+    def act_batch(self, requests):
+        return [self._answer(r) for r in requests]
+
+    def _answer(self, request):
+        k = int(request.session_id.rsplit("rollout", 1)[1])
+        turn = sum(1 for m in request.messages if m["role"] == "assistant")
+        from hf_rollouts.types import Action
+
+        return Action(text="good" if turn < k else "bad"), None
+
+
+@pytest.mark.parametrize("placement", ["last", "spread"])
+@pytest.mark.parametrize("mode", ["center", "async"])
+def test_group_rewards_replace_final_rewards_and_land_on_the_last_turn(tokenizer, placement, mode):
+    env = GroupEnv(tokenizer, {"reward_placement": placement, "mode": mode})
+    out = env.run_trial([{}], PerRollout(["x"]), num_rollouts=3)
+    assert out["statuses"] == ["done"] * 3
+    assert out["final_rewards"] == pytest.approx([-1.0, 0.0, 1.0])  # step sums 0, 1, 2 centred
+    for k in range(3):
+        rewards, mask = out["padded_per_token_rewards"][k], out["padded_agent_token_mask"][k]
+        assert sum(rewards) == pytest.approx(out["final_rewards"][k])  # the reward rule still holds
+        assert all(m or r == 0.0 for m, r in zip(mask, rewards))
+
+
+def test_group_rewards_through_the_pipeline(tokenizer, tmp_path):
+    from hf_rollouts.pipeline import generate_rollouts
+    from hf_rollouts.schema import to_task_dataset
+
+    path = f"{GroupEnv.__module__}.GroupEnv"
+    tasks = to_task_dataset([{"env_class_path": path, "env_config": {}, "task_data": {"i": i}} for i in range(2)])
+    agent = PerRollout(["x"])
+    agent.tokenizer = tokenizer
+    out = generate_rollouts(tasks, agent, 3, cache_dir=tmp_path, progress=False, allowed_env_modules=[__name__])
+    assert out["final_rewards"] == [pytest.approx([-1.0, 0.0, 1.0])] * 2
+    assert "env_state" not in out.column_names
+
+
+def test_errored_rollouts_are_left_out_of_the_group(tokenizer):
+    env = GroupEnv(tokenizer, {})
+    seen = []
+    original = env._calculate_group_rewards
+    env._calculate_group_rewards = lambda t, states, finals: seen.append(len(states)) or original(t, states, finals)
+    out = env.run_trial([{}], ScriptedAgent(["good"], fail_at=[0]), num_rollouts=3)
+    assert sorted(out["statuses"]) == ["done", "done", "error"] and seen == [2]
+    assert [r for r in out["final_rewards"] if not math.isnan(r)] == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("mode, message", [("raise", "judge unavailable"), ("nan", "finite"), ("short", "one final")])
+def test_a_failing_group_hook_makes_the_group_error(tokenizer, mode, message):
+    env = GroupEnv(tokenizer, {"mode": mode})
+    out = env.run_trial([{}], ScriptedAgent(["good"]), num_rollouts=2)
+    assert out["statuses"] == ["error", "error"] and all(math.isnan(r) for r in out["final_rewards"])
+    assert all(message in e and "_calculate_group_rewards" in e for e in out["errors"])
+    with pytest.raises(Exception, match=message):
+        env.run_trial([{}], ScriptedAgent(["good"]), num_rollouts=2, on_error="raise")
+
+
+def test_envs_without_a_group_hook_are_unchanged(tokenizer):
+    env = OwnLimitEnv(tokenizer, {})
+    out = env.run_trial([{}], ScriptedAgent(["no", "win"]), num_rollouts=2)
+    assert out["final_rewards"] == [1.0, 1.0] and out["statuses"] == ["done", "done"]

@@ -19,8 +19,10 @@ not block). Sync hooks of different episodes run at the same time on the engine'
 overlaps its waits; see :attr:`MultistepEnv.thread_safe_hooks`.
 
 Optional hooks: ``_calculate_reward(state, step_rewards) -> float`` (default: the sum of
-step rewards), ``_system_prompt(state)``, ``_tools()`` (the env's tools: functions it runs, or bare JSON
-schemas for the chat template), ``_call_tools(session_id, state, calls)`` (runs one turn's tool calls), and
+step rewards), ``_calculate_group_rewards(task_data, states, final_rewards)`` (rewards over all of a
+task's finished rollouts, see :mod:`hf_rollouts.rollout.group`), ``_system_prompt(state)``, ``_tools()`` (the env's
+tools: functions it runs, or bare JSON schemas for the chat template), ``_call_tools(session_id, state, calls)``
+(runs one turn's tool calls), and
 ``_task_list(split, num_tasks)``, which :meth:`~MultistepEnv.get_train_dataset` /
 :meth:`~MultistepEnv.get_eval_dataset` need to make task rows (an env whose tasks come from the
 user's own dataset can leave it out).
@@ -47,7 +49,7 @@ from transformers import PreTrainedTokenizerBase
 from ..agents.base import Agent
 from ..chat import ChatDelta
 from ..chat.tool_turns import ToolTurns
-from ..rollout import DEFAULT_ENV_WORKERS, episode_jobs, pad_groups, run_episode, run_episodes
+from ..rollout import DEFAULT_ENV_WORKERS, apply_group_rewards, episode_jobs, pad_task, run_episode, run_episodes
 from ..rollout.tool_loop import ToolLimits
 from ..schema import to_task_dataset
 from ..tools import Tool, Toolbox, run_tool_calls
@@ -120,6 +122,13 @@ class MultistepEnv(ABC):
     data may only use values the caller allows (``allowed_env_models``): like code, a
     model or host named by a stranger's dataset is not trusted by default."""
 
+    @classmethod
+    def modules_to_import(cls, env_config: dict[str, Any]) -> list[str]:
+        """Python modules that an env built from ``env_config`` would import (e.g. a verifiers environment package
+        named in it). Like ``env_class_path``, a module named by a task row is code: :func:`~.registry.validate_tasks`
+        refuses each one unless the caller allows its prefix (``allowed_env_modules``). Default: none."""
+        return []
+
     config_class: ClassVar[type[EnvConfig]] = EnvConfig
     """The typed declaration of this env's ``env_config`` keys (see :mod:`hf_rollouts.envs.config`)."""
 
@@ -183,6 +192,15 @@ class MultistepEnv(ABC):
     def _calculate_reward(self, state: Any, step_rewards: list[float]) -> float:
         """Final reward of an episode that ended without error. Default: sum of step rewards."""
         return float(sum(step_rewards))
+
+    def _calculate_group_rewards(
+        self, task_data: dict[str, Any], states: list[Any], final_rewards: list[float]
+    ) -> list[float] | None:
+        """Final rewards over a whole group: all rollouts of ``task_data`` that ended without error, given their final
+        states and final rewards (after :meth:`_calculate_reward`). Return one reward per state, or ``None`` to keep
+        them (the default). Called once per task after its episodes end and before padding; a changed reward is
+        placed on the rollout's last agent turn (:mod:`hf_rollouts.rollout.group`). May be ``async def``."""
+        return None
 
     def _system_prompt(self, state: Any) -> str | None:
         """Optional system message opening every episode (``env_config['system_prompt']`` wins)."""
@@ -304,7 +322,11 @@ class MultistepEnv(ABC):
             jobs, agent, max_concurrency=max_concurrency, on_error=on_error, env_workers=env_workers
         )
         out: dict[str, list] = {}
-        for group in pad_groups(episodes, num_rollouts, self.tokenizer.pad_token_id):
+        for t, task_data in enumerate(task_data_list):
+            played = episodes[t * num_rollouts : (t + 1) * num_rollouts]
+            group = pad_task(
+                apply_group_rewards(self, task_data, played, on_error=on_error), self.tokenizer.pad_token_id
+            )
             for key, values in group.items():
                 out.setdefault(key, []).extend(values)
         return out

@@ -7,6 +7,7 @@
 * :mod:`.live` — one running episode as the scheduler sees it: generator, clock, time limits;
 * :mod:`.threads` — the scheduler's reusable worker threads and its garbage-collector setting;
 * :mod:`.aio` — the engine's event loop, where ``async def`` env hooks run;
+* :mod:`.group` — :func:`apply_group_rewards`, an env's group rewards over a task's finished rollouts;
 * :mod:`.padding` — :func:`pad_task`, per-task padding into the rollout columns.
 
 Nothing here imports an environment module: environments are used through the hooks
@@ -15,6 +16,7 @@ Nothing here imports an environment module: environments are used through the ho
 
 from .aio import ENGINE_LOOP, resolve
 from .episode import EpisodeEnv, run_episode
+from .group import apply_group_rewards
 from .jobs import EpisodeJob, episode_jobs
 from .padding import pad_groups, pad_task
 from .recorder import REWARD_PLACEMENTS, EpisodeRecorder
@@ -27,6 +29,7 @@ __all__ = [
     "EpisodeEnv",
     "EpisodeJob",
     "EpisodeRecorder",
+    "apply_group_rewards",
     "episode_jobs",
     "pad_groups",
     "pad_task",

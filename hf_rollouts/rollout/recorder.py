@@ -80,6 +80,26 @@ def _check_reward(value: Any, what: str) -> float:
     return value
 
 
+def place_reward(rewards: list[float], mask: Sequence[int], turn: Turn, reward: float, placement: str) -> None:
+    """Add ``reward`` to ``turn``'s agent tokens in ``rewards`` by ``placement`` (:data:`REWARD_PLACEMENTS`); a turn
+    without tokens puts it on the previous agent token, or, before any, in ``turn.info["unplaced_reward"]``."""
+    if reward == 0.0:
+        return
+    if turn.end > turn.start:
+        if placement == "last":
+            rewards[turn.end - 1] += reward
+        else:
+            share = reward / (turn.end - turn.start)
+            for i in range(turn.start, turn.end):
+                rewards[i] += share
+        return
+    agent_positions = [i for i, m in enumerate(mask[: turn.start]) if m]
+    if agent_positions:
+        rewards[agent_positions[-1]] += reward
+    else:
+        turn.info["unplaced_reward"] = turn.info.get("unplaced_reward", 0.0) + reward
+
+
 class EpisodeRecorder:
     """Builds one :class:`~hf_rollouts.types.Episode` turn by turn."""
 
@@ -278,21 +298,7 @@ class EpisodeRecorder:
         turn = self.turns[-1]
         turn.reward = reward
         turn.info = dict(info or {})
-        if reward == 0.0:
-            return
-        if turn.end > turn.start:
-            if self.reward_placement == "last":
-                self.rewards[turn.end - 1] += reward
-            else:
-                share = reward / (turn.end - turn.start)
-                for i in range(turn.start, turn.end):
-                    self.rewards[i] += share
-            return
-        agent_positions = [i for i, m in enumerate(self.mask) if m]
-        if agent_positions:
-            self.rewards[agent_positions[-1]] += reward
-        else:
-            turn.info["unplaced_reward"] = reward
+        place_reward(self.rewards, self.mask, turn, reward, self.reward_placement)
 
     def _check_truncated(self, info: dict[str, Any] | None) -> None:
         """Record ``info["truncated"]``; :class:`EnvOutputError` if it is not a bool or an earlier step set it."""
@@ -325,7 +331,7 @@ class EpisodeRecorder:
         copy.cut_turns = self.cut_turns
         return copy.finish("error", math.nan, error=error)
 
-    def finish(self, status: Status, final_reward: float, error: str | None = None) -> Episode:
+    def finish(self, status: Status, final_reward: float, error: str | None = None, env_state: Any = None) -> Episode:
         """The finished :class:`Episode`. A ``done``/``truncated`` episode whose ``final_reward`` is
         not a finite number becomes ``error`` (the reward rule of :mod:`hf_rollouts.types`); a ``done``
         episode whose last step said ``info["truncated"] = True`` becomes ``truncated``."""
@@ -355,6 +361,7 @@ class EpisodeRecorder:
             num_tool_calls=self.num_tool_calls,
             num_tool_errors=self.num_tool_errors,
             tool_calls=self.tool_records,
+            env_state=None if status == "error" else env_state,
         )
         episode.check()
         return episode
