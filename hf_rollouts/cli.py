@@ -259,15 +259,18 @@ def cmd_generate(argv: list[str]) -> int:
     run = asdict(options)
     num_rollouts = run.pop("num_rollouts")
     from .agents.openai import OpenAIRequestError
+    from .envs.registry import spec_trust
     from .executors import ShardFailedError
 
+    # what the user named in --env (openenv:URL, verifiers:ID) is allowed, as if given with --allow-env-*
+    modules, models = spec_trust(args.env, args.allow_env_module) if args.env else ([], [])
     try:
         ds = generate_rollouts(
             tasks,
             agent,
             num_rollouts,
-            allowed_env_modules=args.allow_env_module,
-            allowed_env_models=args.allow_env_model,
+            allowed_env_modules=[*args.allow_env_module, *modules],
+            allowed_env_models=[*args.allow_env_model, *models],
             cache_dir=args.cache_dir,
             chat_template_kwargs=_json_dict(args.chat_template_kwargs, "--chat-template-kwargs"),
             **run,

@@ -40,6 +40,18 @@ ENV_PREFIXES: dict[str, tuple[str, str]] = {
 → ``OpenEnvEnv`` with ``{"base_url": "http://127.0.0.1:8000"}``."""
 
 
+def spec_trust(spec: str, allowed_env_modules: Iterable[str] = ()) -> tuple[list[str], list[str]]:
+    """``(modules, models)`` that a ``PREFIX:NAME`` spec typed by the user names and that its env would otherwise need
+    allowed: the module an ``env_config`` built from it imports, the endpoint it calls (``openenv:URL``). The CLI
+    allows what the user named on its own command line."""
+    path, named = resolve_env_spec(spec)
+    if not named:
+        return [], []
+    cls = get_env_class(path, allowed_env_modules)
+    models = [v for k, v in named.items() if k in cls.model_config_keys]
+    return cls.modules_to_import(named), models
+
+
 def resolve_env_spec(spec: str) -> tuple[str, dict]:
     """``(short name or class path, env_config entries)`` of a CLI env spec: a ``PREFIX:NAME`` of
     :data:`ENV_PREFIXES` gives the adapter's class path and ``{key: NAME}``; anything else is returned as is."""
@@ -206,6 +218,13 @@ def validate_task_rows(
         if unknown and (path, tuple(unknown)) not in warned:
             warned.add((path, tuple(unknown)))
             warnings.warn(f"row {i}: {unknown_keys_message(cls, unknown)}", UnknownConfigKeyWarning, stacklevel=2)
+        for module in cls.modules_to_import(config):
+            if not (_is_dotted_name(module) and _module_allowed(module, allowed)):
+                raise TaskValidationError(
+                    f"row {i}: field 'env_config' of {cls.__name__} names code to import: module {module!r}. Importing "
+                    f"it runs its code. If you trust it, allow it: allowed_env_modules=[{module!r}] (CLI: "
+                    f"--allow-env-module {module})."
+                )
         for model_key in cls.model_config_keys:
             value = config.get(model_key)
             specs = value if isinstance(value, list) else [value]  # a spec, or a list of them (MCP servers)

@@ -1,0 +1,195 @@
+"""Any `OpenEnv <https://github.com/meta-pytorch/OpenEnv>`_ environment server as an environment.
+
+``pip install "hf_rollouts[openenv]"`` (``openenv-core``, whose ``GenericEnvClient`` speaks the protocol). An
+OpenEnv env is a server (FastAPI, ``openenv.core.env_server.create_app``) with ``reset``/``step`` over HTTP
+and over a WebSocket at ``/ws``. HTTP ``/reset`` and ``/step`` are stateless (a fresh env per request), so
+this adapter opens **one WebSocket session per episode** (one env instance on the server per connection)
+and many sessions against one server at once. A server serves more than one session only if its env class
+sets ``SUPPORTS_CONCURRENT_SESSIONS = True`` and the app was made with ``max_concurrent_envs`` >= the
+episodes you run at once (``--max-concurrency``); otherwise new sessions are refused with
+``CAPACITY_REACHED``, and those episodes end as ``error`` with that message.
+
+``env_config`` (:class:`OpenEnvConfig`): ``base_url`` (the server, e.g. ``http://127.0.0.1:8000``; it is sent
+the model's outputs, so like an endpoint it must be allowed: ``allowed_env_models=[URL]``, CLI
+``--allow-env-model URL``, which ``--env openenv:URL`` does for you), ``action_field`` (the agent's text goes
+to the action as ``{action_field: text}``) and ``action_fields`` (constant fields added to every action),
+``observation_field`` (the field shown to the agent; default: the observation's only text field, else the
+observation as JSON), ``reset_kwargs``, ``connect_timeout`` / ``message_timeout``, ``num_train_tasks`` /
+``num_eval_tasks``, and the common keys.
+
+``task_data``: keyword arguments of ``reset`` (``{"seed": 7}``; merged over ``reset_kwargs``). Tasks from
+:meth:`get_train_dataset` are seeds, even for train and odd for eval.
+
+Mapping: the reset observation is the first user message, each step's observation the next one; the step
+reward is the observation's ``reward`` (``None`` counts as 0) and ``done`` its ``done``; an observation or
+metadata ``truncated: true`` on the last step stores the episode as ``truncated``. The server's metadata
+(``openenv`` >= 0.4 sends it; ``openenv-core`` 0.3 servers drop it) goes to the turn's info. Any server
+error, a refused session or a timeout is the episode's ``error``, never a zero reward. The session is
+closed when the episode ends (or, for an episode that failed, when its state is collected).
+
+The client is async; until the engine awaits async hooks itself, each hook runs it on one background event
+loop shared by all episodes (:class:`~hf_rollouts.envs.external.BackgroundLoop`).
+
+The server's own code is not part of the cache key (only ``base_url`` and the config are): clear the cache or
+change the URL when the server's env changes.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from ..base import MultistepEnv
+from ..config import EnvConfig, option
+from ..external import BackgroundLoop, import_optional, package_version
+
+_LOOP = BackgroundLoop("hf-rollouts-openenv")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpenEnvConfig(EnvConfig):
+    base_url: str = option(help="URL of a running OpenEnv server, e.g. 'http://127.0.0.1:8000' (sessions on /ws).")
+    action_field: str = option("message", "Action field that receives the agent's text: {action_field: text}.")
+    action_fields: dict | None = option(None, "Constant fields added to every action, e.g. {'tool': 'say'}.")
+    observation_field: str | None = option(
+        None, "Observation field shown to the agent (default: its only text field, else the observation as JSON)."
+    )
+    reset_kwargs: dict | None = option(None, "Keyword arguments of every reset; task_data's keys are merged over them.")
+    connect_timeout: float = option(10.0, "Seconds to open a session.", ge=0)
+    message_timeout: float = option(60.0, "Seconds to wait for one reset/step answer.", ge=0)
+    num_train_tasks: int = option(1000, "Train split size when num_tasks is not given.", ge=1)
+    num_eval_tasks: int = option(100, "Eval split size when num_tasks is not given.", ge=1)
+
+
+def import_openenv_client() -> Any:
+    module = import_optional("openenv.core.generic_client", env="OpenEnvEnv", extra="openenv")
+    return module.GenericEnvClient
+
+
+@dataclass
+class OpenEnvEpisode:
+    """Per-episode state: the episode's WebSocket session and the next message for the agent."""
+
+    client: Any
+    message: str = ""
+    done: bool = False
+    last_observation: dict = field(default_factory=dict)
+    closer: Any = field(default=None, repr=False)
+
+
+async def _close(client: Any) -> None:
+    try:
+        await client.close()
+    except Exception:  # pragma: no cover - best effort, the server also drops a session whose socket closes
+        pass
+
+
+def _finalize(client: Any) -> None:
+    _LOOP.submit(_close(client))
+
+
+class OpenEnvEnv(MultistepEnv):
+    name = "openenv"
+    default_max_turns = 20
+    config_class = OpenEnvConfig
+    model_config_keys = ("base_url",)
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
+        super().__init__(tokenizer, env_config)
+        self.client_class = import_openenv_client()
+
+    # -- protocol ---------------------------------------------------------------
+    def _call(self, coro: Any, what: str) -> Any:
+        try:
+            return _LOOP.run(coro, timeout=self.config.connect_timeout + self.config.message_timeout + 5)
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            hint = ""
+            if "CAPACITY_REACHED" in text:
+                hint = (
+                    " The server refused another session: its env class needs SUPPORTS_CONCURRENT_SESSIONS = True and "
+                    "the app max_concurrent_envs >= the episodes run at once (lower --max-concurrency otherwise)."
+                )
+            raise RuntimeError(f"OpenEnv server {self.config.base_url}: {what} failed: {text}.{hint}") from exc
+
+    def observation_text(self, observation: Any) -> str:
+        """The text the agent is shown for one observation dict (see ``observation_field``)."""
+        if not isinstance(observation, dict):
+            return str(observation)
+        name = self.config.observation_field
+        if name is not None:
+            if name not in observation:
+                raise KeyError(f"observation has no field {name!r} (observation_field); it has {sorted(observation)}")
+            value = observation[name]
+            return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+        texts = [v for k, v in observation.items() if isinstance(v, str) and k != "metadata"]
+        if len(texts) == 1:
+            return texts[0]
+        return json.dumps(observation, sort_keys=True, default=str)
+
+    # -- hooks ------------------------------------------------------------------
+    def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> OpenEnvEpisode:
+        c = self.config
+        client = self.client_class(base_url=c.base_url, connect_timeout_s=c.connect_timeout,
+                                   message_timeout_s=c.message_timeout)  # fmt: skip
+        episode = OpenEnvEpisode(client=client)
+        episode.closer = weakref.finalize(episode, _finalize, client)
+        result = self._call(client.reset(**{**(c.reset_kwargs or {}), **dict(task_data or {})}), "reset")
+        if result.done:
+            raise RuntimeError(f"OpenEnv server {c.base_url}: reset returned done=True; there is nothing to play.")
+        episode.last_observation = dict(result.observation or {})
+        episode.message = self.observation_text(result.observation)
+        return episode
+
+    def _format_prompt(self, state: OpenEnvEpisode, step: int) -> str:
+        return state.message
+
+    def _step_episode(
+        self, session_id: str, state: OpenEnvEpisode, action: str
+    ) -> tuple[OpenEnvEpisode, float, bool, dict[str, Any]]:
+        if state.done:
+            raise RuntimeError("this OpenEnv episode is already over.")
+        payload = {**(self.config.action_fields or {}), self.config.action_field: action}
+        result = self._call(state.client.step(payload), "step")
+        reward = 0.0 if result.reward is None else result.reward
+        if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
+            raise TypeError(f"OpenEnv server {self.config.base_url} returned reward {reward!r}, not a number.")
+        observation = dict(result.observation or {})
+        metadata = getattr(result, "metadata", None) or observation.get("metadata") or {}
+        info = {k: v for k, v in dict(metadata).items() if isinstance(v, (str, int, float, bool, type(None)))}
+        info.pop("truncated", None)
+        state.last_observation = observation
+        done = bool(result.done)
+        if done:
+            state.done = True
+            truncated = metadata.get("truncated", observation.get("truncated", False))
+            info["truncated"] = truncated is True
+            self._call(_close(state.client), "close")
+            state.closer.detach()
+            return state, float(reward), True, info
+        state.message = self.observation_text(observation)
+        return state, float(reward), False, info
+
+    # -- tasks ------------------------------------------------------------------
+    def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}.")
+        n = num_tasks if num_tasks is not None else (
+            self.config.num_eval_tasks if split == "eval" else self.config.num_train_tasks
+        )  # fmt: skip
+        rng, parity, seeds = self._rng("seeds", split), int(split == "eval"), []
+        seen: set[int] = set()
+        while len(seeds) < n:
+            seed = 2 * rng.randrange(2**30) + parity
+            if seed not in seen:
+                seen.add(seed)
+                seeds.append(seed)
+        return [{"seed": s} for s in seeds]
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {**super().fingerprint(), "openenv-core": package_version("openenv-core")}

@@ -1,0 +1,295 @@
+"""Any `verifiers <https://github.com/PrimeIntellect-ai/verifiers>`_ environment (classic API) as an environment.
+
+``pip install "hf_rollouts[verifiers]"`` (verifiers 0.3.x: its classic API, ``verifiers.legacy``, which also
+answers as ``import verifiers as vf``; 0.4 removed it). An environment is loaded by id with
+``vf.load_environment(env_id, **env_args)``, which imports the Python module of that id (``vf-wordle`` →
+``vf_wordle``, an installed Environments Hub package): that is code, so like ``env_class_path`` a module named
+by a task row must be allowed (``allowed_env_modules=["vf_wordle"]``, CLI ``--allow-env-module vf_wordle``;
+``--env verifiers:vf-wordle`` allows what it names).
+
+``env_config`` (:class:`VerifiersConfig`): ``env_id``, ``env_args`` (``load_environment``'s keyword arguments),
+``model_name`` (what the env's state records as the model), ``num_train_tasks`` / ``num_eval_tasks``
+(``-1``: all rows), and the common keys; ``max_turns`` defaults to the env's own ``max_turns`` (so its own
+limit ends the episode, stored as ``truncated``).
+
+``task_data`` is one row of the env's dataset (``prompt``, ``answer``, ``info``, ``example_id``, ``task``), as
+``env.get_dataset()`` / ``env.get_eval_dataset()`` give them (:meth:`get_train_dataset`).
+
+How an episode is played, without verifiers' model client: ``init_state(row, client=vf.ClientConfig(), ...)``
+and ``setup_state``; each turn the env's prompt messages (``get_prompt_messages``, which calls its
+``env_response``) become the next user message, and the agent's text goes back as the model's response
+(``add_model_response``) until ``is_completed``. Then ``cleanup`` and the rubric: ``score_rollout`` puts the
+rollout's reward on its last step; an env whose rubric has group reward functions is scored with
+``score_group`` over all of a task's rollouts (:meth:`_calculate_group_rewards`, the engine's group hook). The
+library renders the chat template and records tokens itself; verifiers sees message text only.
+
+Failures: verifiers records an env error in ``state["error"]`` and its reward functions turn exceptions into
+0.0 (with a log line); here both make the episode ``error`` (NaN), never a zero reward: reward functions are
+wrapped to report what they raised. ``stop_condition`` ``max_turns_reached``, ``timeout_reached``,
+``prompt_too_long`` or a truncated response store the episode as ``truncated`` (except ``max_turns_reached`` of a
+single-turn env, its natural end). verifiers checks its turn limit before ``env_response`` sees the last answer,
+so an episode ended by the limit is ``truncated`` even when the rubric then scores that last answer as right.
+
+Not supported: tool environments (``ToolEnv``, ``StatefulToolEnv``, MCP envs) need tool calls parsed from the
+model's tokens (the tools issue); an env message with role ``tool`` or non-text content fails its episode with
+that reason. The 0.4 rewrite (``verifiers.v1``) drives the agent itself (``Env.run(task, agents)`` with harness
+scripts); see the README for what blocks a bridge.
+
+The async classic API runs on one background event loop shared by all episodes
+(:class:`~hf_rollouts.envs.external.BackgroundLoop`) until the engine awaits async hooks itself.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from ..base import MultistepEnv
+from ..config import EnvConfig, option
+from ..external import BackgroundLoop, import_optional, package_version
+
+_LOOP = BackgroundLoop("hf-rollouts-verifiers")
+_REWARD_ERRORS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("hfr_vf_reward_errors", default=None)
+TRUNCATING_STOPS = frozenset({"max_turns_reached", "timeout_reached", "prompt_too_long"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifiersConfig(EnvConfig):
+    env_id: str = option(help="A verifiers environment id for vf.load_environment, e.g. 'vf-wordle'.")
+    env_args: dict | None = option(None, "Keyword arguments of load_environment.")
+    model_name: str = option("hf_rollouts", "Model name recorded in the env's state (no request is ever sent).")
+    num_train_tasks: int = option(-1, "Rows of env.get_dataset() when num_tasks is not given (-1: all).", ge=-1)
+    num_eval_tasks: int = option(-1, "Rows of env.get_eval_dataset() when num_tasks is not given (-1: all).", ge=-1)
+
+
+def import_verifiers() -> Any:
+    return import_optional("verifiers.legacy", env="VerifiersEnv", extra="verifiers")
+
+
+def module_of(env_id: str) -> str:
+    """The module ``vf.load_environment(env_id)`` imports (verifiers' ``env_module_name``)."""
+    return env_id.replace("-", "_").split("/")[-1]
+
+
+def _strict(func: Any) -> Any:
+    """``func`` reporting what it raised to the scoring episode before verifiers turns it into 0.0."""
+    if getattr(func, "_hfr_strict", False):
+        return func
+
+    @functools.wraps(func)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            value = func(*args, **kwargs)
+            return await value if inspect.isawaitable(value) else value
+        except Exception as exc:
+            errors = _REWARD_ERRORS.get()
+            if errors is not None:
+                errors.append(f"reward function {getattr(func, '__name__', func)!r} raised {type(exc).__name__}: {exc}")
+            raise
+
+    wrapper._hfr_strict = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _rubrics(rubric: Any) -> list[Any]:
+    return [rubric, *(r for sub in getattr(rubric, "rubrics", []) for r in _rubrics(sub))]
+
+
+async def _scored(coro: Any) -> None:
+    """Await a rubric call; raise if a reward function raised (verifiers would have scored it 0.0)."""
+    errors: list[str] = []
+    token = _REWARD_ERRORS.set(errors)
+    try:
+        await coro
+    finally:
+        _REWARD_ERRORS.reset(token)
+    if errors:
+        raise RuntimeError("verifiers rubric: " + "; ".join(dict.fromkeys(errors)))
+
+
+def _text(message: Any, what: str) -> tuple[str, str]:
+    """``(role, content)`` of a verifiers message (a pydantic model or a dict); only text content is played."""
+    get = message.get if isinstance(message, dict) else lambda k, d=None: getattr(message, k, d)
+    role, content = get("role"), get("content")
+    if role == "tool" or get("tool_calls"):
+        raise NotImplementedError(
+            f"{what} holds a tool call or tool result: verifiers tool environments need tool calls parsed from the "
+            "model's tokens, which hf_rollouts does not do yet (tools issue)."
+        )
+    if isinstance(content, list):  # content parts: text only
+        parts = [p.get("text") if isinstance(p, dict) else getattr(p, "text", None) for p in content]
+        if not all(isinstance(p, str) for p in parts):
+            raise NotImplementedError(f"{what} holds non-text content parts; only text is played.")
+        content = "".join(parts)
+    if not isinstance(content, str):
+        raise TypeError(f"{what} has content {content!r:.80}, not text.")
+    return str(role), content
+
+
+@dataclass
+class VerifiersEpisode:
+    """Per-episode state: verifiers' own rollout state and the prompt messages of the current turn."""
+
+    state: Any
+    prompt: list = field(default_factory=list)
+    system: str | None = None
+    message: str = ""
+    done: bool = False
+
+
+class VerifiersEnv(MultistepEnv):
+    name = "verifiers"
+    default_max_turns = 10
+    config_class = VerifiersConfig
+
+    @classmethod
+    def modules_to_import(cls, env_config: dict[str, Any]) -> list[str]:
+        env_id = env_config.get("env_id")
+        return [module_of(env_id)] if isinstance(env_id, str) and env_id else []
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
+        super().__init__(tokenizer, env_config)
+        self.vf = import_verifiers()
+        c = self.config
+        self.vf_env = self.vf.load_environment(c.env_id, **(c.env_args or {}))
+        for rubric in _rubrics(self.vf_env.rubric):
+            rubric.funcs = [_strict(f) for f in rubric.funcs]
+        own = getattr(self.vf_env, "max_turns", None)
+        if c.max_turns is None and isinstance(own, int) and own > 0:
+            self.max_turns = own
+        self.group_scored = bool(self.vf_env.requires_group_rollouts)
+
+    def _run(self, coro: Any) -> Any:
+        return _LOOP.run(coro)
+
+    # -- hooks ------------------------------------------------------------------
+    def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> VerifiersEpisode:
+        return self._run(self._start(dict(task_data)))
+
+    async def _start(self, row: dict[str, Any]) -> VerifiersEpisode:
+        env, vf = self.vf_env, self.vf
+        row.setdefault("example_id", 0)
+        state = await env.init_state(row, client=vf.ClientConfig(), model=self.config.model_name)
+        try:
+            state = await env.setup_state(state) or state
+        except vf.Error as exc:
+            state["error"] = exc
+        episode = VerifiersEpisode(state=state)
+        self._raise_error(state)
+        if await env.is_completed(state):
+            raise RuntimeError(f"verifiers env {self.config.env_id!r} completed before the first turn.")
+        episode.prompt = list(await env.get_prompt_messages(state))
+        opening = [_text(m, "the env's prompt") for m in episode.prompt]
+        roles = [r for r, _ in opening]
+        if roles not in (["user"], ["system", "user"]):
+            raise ValueError(
+                f"VerifiersEnv plays prompts of [system?, user]; the env's prompt has roles {roles} (few-shot "
+                "examples are not played)."
+            )
+        episode.system = opening[0][1] if len(opening) == 2 else None
+        episode.message = opening[-1][1]
+        return episode
+
+    def _raise_error(self, state: Any) -> None:
+        error = state.get("error")
+        if error is not None:
+            raise RuntimeError(f"verifiers env {self.config.env_id!r}: {type(error).__name__}: {error}")
+
+    def _system_prompt(self, state: VerifiersEpisode) -> str | None:
+        return state.system
+
+    def _format_prompt(self, state: VerifiersEpisode, step: int) -> str:
+        return state.message
+
+    def _step_episode(
+        self, session_id: str, state: VerifiersEpisode, action: str
+    ) -> tuple[VerifiersEpisode, float, bool, dict[str, Any]]:
+        return self._run(self._step(state, action))
+
+    async def _step(self, episode: VerifiersEpisode, action: str) -> tuple[VerifiersEpisode, float, bool, dict]:
+        if episode.done:
+            raise RuntimeError("this verifiers episode is already over.")
+        env, vf, state = self.vf_env, self.vf, episode.state
+        from verifiers.legacy.types import Response, ResponseMessage
+
+        message = ResponseMessage(content=action, finish_reason="stop", is_truncated=False)
+        response = Response(
+            id=uuid.uuid4().hex, created=int(time.time()), model=self.config.model_name, message=message
+        )
+        await env.add_model_response(state, episode.prompt, response)
+        if not await env.is_completed(state):
+            try:
+                prompt = list(await env.get_prompt_messages(state))
+            except vf.Error as exc:
+                state["error"] = exc
+                prompt = episode.prompt
+            self._raise_error(state)
+            if state.get("final_env_response") is None and not await env.is_completed(state):
+                new = prompt[len(episode.prompt) + 1 :]  # after the assistant message just added
+                texts = [_text(m, "the env's response") for m in new]
+                if not texts or any(role != "user" for role, _ in texts):
+                    raise ValueError(f"the env's response has roles {[r for r, _ in texts]}; expected user messages.")
+                episode.prompt, episode.message = prompt, "\n".join(t for _, t in texts)
+                return episode, 0.0, False, {}
+        episode.done = True
+        self._raise_error(state)
+        await env.cleanup(state)
+        reward = 0.0
+        if not self.group_scored:
+            await _scored(
+                env.rubric.score_rollout(state) if env.score_rollouts else env.rubric.dummy_score_rollout(state)
+            )
+            await env.rubric.cleanup(state)
+            reward = float(state["reward"])
+            if not math.isfinite(reward):
+                raise ValueError(f"verifiers rubric scored {reward}, not a finite number.")
+        stop = state.get("stop_condition")
+        single_turn = stop == "max_turns_reached" and getattr(env, "max_turns", 0) == 1  # its natural end
+        truncated = bool(state.get("is_truncated")) or (stop in TRUNCATING_STOPS and not single_turn)
+        info = {"stop_condition": stop, "truncated": truncated}
+        info.update({f"metric_{k}": float(v) for k, v in (state.get("metrics") or {}).items()
+                     if isinstance(v, (int, float))})  # fmt: skip
+        return episode, reward, True, info
+
+    def _calculate_group_rewards(
+        self, task_data: dict[str, Any], states: list[Any], final_rewards: list[float]
+    ) -> list[float] | None:
+        if not self.group_scored or not states:
+            return None
+        return self._run(self._score_group([s.state for s in states]))
+
+    async def _score_group(self, states: list[Any]) -> list[float]:
+        env = self.vf_env
+        await _scored(env.rubric.score_group(states) if env.score_rollouts else env.rubric.dummy_score_group(states))
+        for state in states:
+            await env.rubric.cleanup(state)
+        return [float(s["reward"]) for s in states]
+
+    # -- tasks ------------------------------------------------------------------
+    def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}.")
+        n = num_tasks if num_tasks is not None else (
+            self.config.num_eval_tasks if split == "eval" else self.config.num_train_tasks
+        )  # fmt: skip
+        data = self.vf_env.get_eval_dataset(n=n) if split == "eval" else self.vf_env.get_dataset(n=n)
+        return [_jsonable_row(row) for row in data]
+
+    def fingerprint(self) -> dict[str, Any]:
+        module = module_of(self.config.env_id)
+        return {**super().fingerprint(), "verifiers": package_version("verifiers"), "env_module": module,
+                "env_module_version": package_version(module) or package_version(module.replace("_", "-"))}  # fmt: skip
+
+
+def _jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    return json.loads(json.dumps(dict(row), default=str))

@@ -1,0 +1,83 @@
+"""A small verifiers (classic API) environment package for the adapter's tests: ``vf.load_environment("hfr-vf-arith")``.
+
+``kind``: ``single`` (SingleTurnEnv: answer a sum), ``multi`` (MultiTurnEnv: guess a number with higher/lower
+feedback, ``max_turns`` 5), ``group`` (single-turn with a group reward function: the group's shortest correct answer
+wins a bonus), ``broken`` (a reward function that raises).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+import verifiers as vf
+from datasets import Dataset
+
+
+def _sums(n: int, seed: int) -> Dataset:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(1, 50), rng.randint(1, 50)
+        rows.append({"question": f"What is {a} + {b}? Answer with the number.", "answer": str(a + b)})
+    return Dataset.from_list(rows)
+
+
+def _number(text: str) -> str | None:
+    found = re.findall(r"-?\d+", text or "")
+    return found[-1] if found else None
+
+
+def _completion_text(completion) -> str:
+    """The last assistant message's text (a final env response may follow it)."""
+    for message in reversed(completion or []):
+        get = message.get if isinstance(message, dict) else lambda k, m=message: getattr(m, k, None)
+        if get("role") == "assistant":
+            return get("content") or ""
+    return ""
+
+
+def exact(completion, answer, **kwargs) -> float:
+    return float(_number(_completion_text(completion)) == answer)
+
+
+def broken(completion, answer, **kwargs) -> float:
+    raise KeyError("no such field")
+
+
+def shortest_correct(completions, answers, **kwargs) -> list[float]:
+    texts = [_completion_text(c) for c in completions]
+    correct = [i for i, (t, a) in enumerate(zip(texts, answers)) if _number(t) == a]
+    best = min(correct, key=lambda i: len(texts[i]), default=None)
+    return [0.5 if i == best else 0.0 for i in range(len(texts))]
+
+
+class GuessEnv(vf.MultiTurnEnv):
+    async def setup_state(self, state, **kwargs):
+        state["guesses"] = 0
+        return state
+
+    async def env_response(self, messages, state, **kwargs):
+        guess = _number(_completion_text(messages))
+        state["guesses"] += 1
+        target = int(state["answer"])
+        if guess is None:
+            return [{"role": "user", "content": "No number found."}]
+        if int(guess) == target:
+            state["final_env_response"] = [{"role": "user", "content": "Correct!"}]
+            return state["final_env_response"]
+        return [{"role": "user", "content": "Higher." if int(guess) < target else "Lower."}]
+
+
+def load_environment(kind: str = "single", n: int = 8, seed: int = 0) -> vf.Environment:
+    data, evaluation = _sums(n, seed), _sums(n, seed + 1)
+    if kind == "multi":
+        rng = random.Random(seed)
+        rows = [{"question": "Guess my number between 1 and 15.", "answer": str(rng.randint(1, 15))} for _ in range(n)]
+        return GuessEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[exact]), max_turns=5)
+    if kind == "group":
+        rubric = vf.Rubric(funcs=[exact, shortest_correct], weights=[1.0, 1.0])
+        return vf.SingleTurnEnv(dataset=data, eval_dataset=evaluation, rubric=rubric)
+    if kind == "broken":
+        return vf.SingleTurnEnv(dataset=data, rubric=vf.Rubric(funcs=[broken]))
+    return vf.SingleTurnEnv(dataset=data, eval_dataset=evaluation, rubric=vf.Rubric(funcs=[exact]))
