@@ -7,9 +7,7 @@ extra to install) and puts the package's installed version into its ``fingerprin
 
 from __future__ import annotations
 
-import asyncio
 import importlib
-import threading
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -33,47 +31,4 @@ def import_optional(module: str, *, env: str, extra: str) -> Any:
         ) from exc
 
 
-class BackgroundLoop:
-    """One asyncio event loop in a daemon thread, for adapters whose external client is async (OpenEnv's, verifiers').
-
-    :meth:`run` submits a coroutine and blocks the calling thread (an env hook) until it is done, so every
-    connection an episode opens stays bound to this one loop, whichever thread runs the episode's hooks.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
-
-    def loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None or not self._loop.is_running():
-                ready = threading.Event()
-                loop = asyncio.new_event_loop()
-
-                def serve() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(ready.set)
-                    loop.run_forever()
-
-                threading.Thread(target=serve, name=self.name, daemon=True).start()
-                ready.wait()
-                self._loop = loop
-            return self._loop
-
-    def run(self, coro: Any, timeout: float | None = None) -> Any:
-        """The result of ``coro`` run on the loop (its exception re-raised here); ``timeout`` seconds at most."""
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop())
-        try:
-            return future.result(timeout)
-        except TimeoutError:
-            future.cancel()
-            raise
-
-    def submit(self, coro: Any) -> None:
-        """Schedule ``coro`` without waiting (e.g. closing a connection from a finalizer)."""
-        if self._loop is not None and self._loop.is_running():
-            asyncio.run_coroutine_threadsafe(coro, self._loop)
-
-
-__all__ = ["BackgroundLoop", "import_optional", "package_version"]
+__all__ = ["import_optional", "package_version"]

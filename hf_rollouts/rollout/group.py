@@ -13,47 +13,22 @@ added to its *last* agent turn's step reward, placed on that turn's tokens by th
 is what it was before (0 for an env whose final reward is the sum of its step rewards). The turn's
 info records ``group_reward``. A hook that raises, returns an awaitable that fails, or returns
 anything but one finite number per state makes every rollout it was given ``error`` (NaN), with the
-message; never a zero reward. The hook may be ``async def``.
+message; never a zero reward. The hook may be ``async def``: it is awaited on the engine's event loop
+(:mod:`.aio`), where the env's async hooks ran.
 
 Env states are kept on the episodes only until this step and then dropped: they never reach a dataset.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import math
 import numbers
-import threading
 from typing import Any
 
+from .aio import resolve
 from .recorder import place_reward
 
 GROUP_HOOK = "_calculate_group_rewards"
-
-
-def _resolve(value: Any) -> Any:
-    """``value``, or the result of awaiting it (on a private event loop in a helper thread, so a caller that runs
-    inside an event loop is never blocked on its own loop)."""
-    if not inspect.isawaitable(value):
-        return value
-    out: dict[str, Any] = {}
-
-    async def wait() -> Any:
-        return await value
-
-    def run() -> None:
-        try:
-            out["value"] = asyncio.run(wait())
-        except BaseException as exc:  # re-raised in the caller
-            out["error"] = exc
-
-    thread = threading.Thread(target=run, name="hf-rollouts-group-reward", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
 
 
 def _checked(result: Any, n: int, name: str) -> list[float] | None:
@@ -102,7 +77,7 @@ def apply_group_rewards(
     try:
         states = [episodes[i].get("env_state") for i in members]
         finals = [float(episodes[i]["final_reward"]) for i in members]
-        rewards = _checked(_resolve(hook(task_data, states, finals)), len(members), name)
+        rewards = _checked(resolve(hook(task_data, states, finals)), len(members), name)
     except Exception as exc:
         if on_error == "raise":
             raise

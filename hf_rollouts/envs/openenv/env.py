@@ -27,8 +27,8 @@ metadata ``truncated: true`` on the last step stores the episode as ``truncated`
 error, a refused session or a timeout is the episode's ``error``, never a zero reward. The session is
 closed when the episode ends (or, for an episode that failed, when its state is collected).
 
-The client is async; until the engine awaits async hooks itself, each hook runs it on one background event
-loop shared by all episodes (:class:`~hf_rollouts.envs.external.BackgroundLoop`).
+The client is async and so are the hooks that use it (``_initialize_episode``, ``_step_episode``): the engine
+awaits them on its event loop, where thousands of waiting sessions cost no threads.
 
 The server's own code is not part of the cache key (only ``base_url`` and the config are): clear the cache or
 change the URL when the server's env changes.
@@ -44,11 +44,10 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from ...rollout.aio import ENGINE_LOOP
 from ..base import MultistepEnv
 from ..config import EnvConfig, option
-from ..external import BackgroundLoop, import_optional, package_version
-
-_LOOP = BackgroundLoop("hf-rollouts-openenv")
+from ..external import import_optional, package_version
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +89,7 @@ async def _close(client: Any) -> None:
 
 
 def _finalize(client: Any) -> None:
-    _LOOP.submit(_close(client))
+    ENGINE_LOOP.submit(_close(client))
 
 
 class OpenEnvEnv(MultistepEnv):
@@ -104,9 +103,9 @@ class OpenEnvEnv(MultistepEnv):
         self.client_class = import_openenv_client()
 
     # -- protocol ---------------------------------------------------------------
-    def _call(self, coro: Any, what: str) -> Any:
+    async def _call(self, coro: Any, what: str) -> Any:
         try:
-            return _LOOP.run(coro, timeout=self.config.connect_timeout + self.config.message_timeout + 5)
+            return await coro
         except Exception as exc:
             text = f"{type(exc).__name__}: {exc}"
             hint = ""
@@ -133,13 +132,13 @@ class OpenEnvEnv(MultistepEnv):
         return json.dumps(observation, sort_keys=True, default=str)
 
     # -- hooks ------------------------------------------------------------------
-    def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> OpenEnvEpisode:
+    async def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> OpenEnvEpisode:
         c = self.config
         client = self.client_class(base_url=c.base_url, connect_timeout_s=c.connect_timeout,
                                    message_timeout_s=c.message_timeout)  # fmt: skip
         episode = OpenEnvEpisode(client=client)
         episode.closer = weakref.finalize(episode, _finalize, client)
-        result = self._call(client.reset(**{**(c.reset_kwargs or {}), **dict(task_data or {})}), "reset")
+        result = await self._call(client.reset(**{**(c.reset_kwargs or {}), **dict(task_data or {})}), "reset")
         if result.done:
             raise RuntimeError(f"OpenEnv server {c.base_url}: reset returned done=True; there is nothing to play.")
         episode.last_observation = dict(result.observation or {})
@@ -149,13 +148,13 @@ class OpenEnvEnv(MultistepEnv):
     def _format_prompt(self, state: OpenEnvEpisode, step: int) -> str:
         return state.message
 
-    def _step_episode(
+    async def _step_episode(
         self, session_id: str, state: OpenEnvEpisode, action: str
     ) -> tuple[OpenEnvEpisode, float, bool, dict[str, Any]]:
         if state.done:
             raise RuntimeError("this OpenEnv episode is already over.")
         payload = {**(self.config.action_fields or {}), self.config.action_field: action}
-        result = self._call(state.client.step(payload), "step")
+        result = await self._call(state.client.step(payload), "step")
         reward = 0.0 if result.reward is None else result.reward
         if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
             raise TypeError(f"OpenEnv server {self.config.base_url} returned reward {reward!r}, not a number.")
@@ -169,7 +168,7 @@ class OpenEnvEnv(MultistepEnv):
             state.done = True
             truncated = metadata.get("truncated", observation.get("truncated", False))
             info["truncated"] = truncated is True
-            self._call(_close(state.client), "close")
+            await _close(state.client)
             state.closer.detach()
             return state, float(reward), True, info
         state.message = self.observation_text(observation)

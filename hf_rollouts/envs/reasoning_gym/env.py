@@ -123,6 +123,7 @@ class ReasoningGymEnv(MultistepEnv):
     name = "reasoning_gym"
     default_max_turns = 1
     config_class = ReasoningGymConfig
+    thread_safe_hooks = False  # ~100 generators, not all audited for thread safety; the hooks are CPU-bound anyway
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer, env_config)

@@ -35,8 +35,8 @@ model's tokens (the tools issue); an env message with role ``tool`` or non-text 
 that reason. The 0.4 rewrite (``verifiers.v1``) drives the agent itself (``Env.run(task, agents)`` with harness
 scripts); see the README for what blocks a bridge.
 
-The async classic API runs on one background event loop shared by all episodes
-(:class:`~hf_rollouts.envs.external.BackgroundLoop`) until the engine awaits async hooks itself.
+The classic API is async and so are the hooks that drive it (``_initialize_episode``, ``_step_episode``,
+``_calculate_group_rewards``): the engine awaits them on its event loop.
 """
 
 from __future__ import annotations
@@ -54,9 +54,8 @@ from transformers import PreTrainedTokenizerBase
 
 from ..base import MultistepEnv
 from ..config import EnvConfig, option
-from ..external import BackgroundLoop, import_optional, package_version
+from ..external import import_optional, package_version
 
-_LOOP = BackgroundLoop("hf-rollouts-verifiers")
 _REWARD_ERRORS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("hfr_vf_reward_errors", default=None)
 TRUNCATING_STOPS = frozenset({"max_turns_reached", "timeout_reached", "prompt_too_long"})
 
@@ -167,15 +166,9 @@ class VerifiersEnv(MultistepEnv):
             self.max_turns = own
         self.group_scored = bool(self.vf_env.requires_group_rollouts)
 
-    def _run(self, coro: Any) -> Any:
-        return _LOOP.run(coro)
-
     # -- hooks ------------------------------------------------------------------
-    def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> VerifiersEpisode:
-        return self._run(self._start(dict(task_data)))
-
-    async def _start(self, row: dict[str, Any]) -> VerifiersEpisode:
-        env, vf = self.vf_env, self.vf
+    async def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> VerifiersEpisode:
+        env, vf, row = self.vf_env, self.vf, dict(task_data)
         row.setdefault("example_id", 0)
         state = await env.init_state(row, client=vf.ClientConfig(), model=self.config.model_name)
         try:
@@ -209,12 +202,9 @@ class VerifiersEnv(MultistepEnv):
     def _format_prompt(self, state: VerifiersEpisode, step: int) -> str:
         return state.message
 
-    def _step_episode(
-        self, session_id: str, state: VerifiersEpisode, action: str
+    async def _step_episode(
+        self, session_id: str, episode: VerifiersEpisode, action: str
     ) -> tuple[VerifiersEpisode, float, bool, dict[str, Any]]:
-        return self._run(self._step(state, action))
-
-    async def _step(self, episode: VerifiersEpisode, action: str) -> tuple[VerifiersEpisode, float, bool, dict]:
         if episode.done:
             raise RuntimeError("this verifiers episode is already over.")
         env, vf, state = self.vf_env, self.vf, episode.state
@@ -259,15 +249,12 @@ class VerifiersEnv(MultistepEnv):
                      if isinstance(v, (int, float))})  # fmt: skip
         return episode, reward, True, info
 
-    def _calculate_group_rewards(
-        self, task_data: dict[str, Any], states: list[Any], final_rewards: list[float]
+    async def _calculate_group_rewards(
+        self, task_data: dict[str, Any], episodes: list[Any], final_rewards: list[float]
     ) -> list[float] | None:
-        if not self.group_scored or not states:
+        if not self.group_scored or not episodes:
             return None
-        return self._run(self._score_group([s.state for s in states]))
-
-    async def _score_group(self, states: list[Any]) -> list[float]:
-        env = self.vf_env
+        env, states = self.vf_env, [e.state for e in episodes]
         await _scored(env.rubric.score_group(states) if env.score_rollouts else env.rubric.dummy_score_group(states))
         for state in states:
             await env.rubric.cleanup(state)
