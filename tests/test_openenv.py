@@ -151,7 +151,9 @@ def test_server_failures_are_episode_errors(tokenizer):
     try:
         env = OpenEnvEnv(tokenizer, {"base_url": url, "max_turns": 2})
         out = env.run_trial([{"seed": 1}], ScriptedAgent(["1", "2"]), num_rollouts=3)
-        assert "error" in out["statuses"] and any("CAPACITY_REACHED" in (e or "") for e in out["errors"])
+        errors = [e for e in out["errors"] if e]
+        assert "error" in out["statuses"] and all("reset failed" in e and "SUPPORTS_CONCURRENT_SESSIONS" in e
+                                                  for e in errors)  # fmt: skip
         assert all(math.isnan(r) for r, s in zip(out["final_rewards"], out["statuses"]) if s == "error")
     finally:
         server.should_exit = True

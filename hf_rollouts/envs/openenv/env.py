@@ -109,9 +109,11 @@ class OpenEnvEnv(MultistepEnv):
         except Exception as exc:
             text = f"{type(exc).__name__}: {exc}"
             hint = ""
-            if "CAPACITY_REACHED" in text:
+            # a server at capacity answers CAPACITY_REACHED and closes the socket; the close can arrive first
+            if "CAPACITY_REACHED" in text or (what == "reset" and "ConnectionClosed" in text):
                 hint = (
-                    " The server refused another session: its env class needs SUPPORTS_CONCURRENT_SESSIONS = True and "
+                    " The server refused (or closed) the session: at capacity? Its env class needs "
+                    "SUPPORTS_CONCURRENT_SESSIONS = True and "
                     "the app max_concurrent_envs >= the episodes run at once (lower --max-concurrency otherwise)."
                 )
             raise RuntimeError(f"OpenEnv server {self.config.base_url}: {what} failed: {text}.{hint}") from exc
