@@ -7,6 +7,7 @@ their modules:
 
 * :class:`hf_rollouts.agents.hf.TransformersAgent` — a local transformers model;
 * :class:`hf_rollouts.agents.openai.OpenAIChatAgent` — an OpenAI-compatible server;
+* :class:`hf_rollouts.agents.vllm.VLLMAgent` — vLLM's engine in this process (vLLM imported lazily);
 * :class:`hf_rollouts.agents.scripted.ScriptedAgent` — a fixed script, for tests;
 * :func:`hf_rollouts.agents.loading.load_agent` — any of them from a spec string.
 """

@@ -96,6 +96,7 @@ def import_vllm() -> SimpleNamespace:
     try:
         import vllm
         from vllm import AsyncEngineArgs, AsyncLLMEngine, SamplingParams, TokensPrompt
+        from vllm.platforms import current_platform
         from vllm.sampling_params import RequestOutputKind
     except ImportError as exc:
         raise VLLMUnavailableError(f"{SETUP_HINT} ({type(exc).__name__}: {exc})") from exc
@@ -106,6 +107,7 @@ def import_vllm() -> SimpleNamespace:
         SamplingParams=SamplingParams,
         TokensPrompt=TokensPrompt,
         FINAL_ONLY=RequestOutputKind.FINAL_ONLY,
+        on_cpu=bool(current_platform.is_cpu()),
     )
 
 
@@ -148,7 +150,7 @@ class VLLMAgent(Agent):
     """
 
     answers_per_request = True
-    thread_safe = True
+    thread_safe = True  # submit() may be called from several threads at once (e.g. by a gamemaster)
 
     def __init__(
         self,
@@ -211,8 +213,19 @@ class VLLMAgent(Agent):
         self._loop, self._thread, self._engine = loop, thread, engine
         config = engine.vllm_config
         self.max_model_len = int(config.model_config.max_model_len)
-        self.block_size = config.cache_config.block_size
-        self.prefix_caching = bool(config.cache_config.enable_prefix_caching)
+        self.engine_config = {  # as vLLM resolved them (the card shows these)
+            "device": str(config.device_config.device_type),
+            "dtype": str(config.model_config.dtype).removeprefix("torch."),
+            "max_model_len": self.max_model_len,
+            "gpu_memory_utilization": config.cache_config.gpu_memory_utilization,
+            "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
+            "prefix_caching": bool(config.cache_config.enable_prefix_caching),
+            "block_size": config.cache_config.block_size,
+            "chunked_prefill": bool(config.scheduler_config.enable_chunked_prefill),
+            "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+            "max_num_seqs": config.scheduler_config.max_num_seqs,
+            "logprobs_mode": str(config.model_config.logprobs_mode),
+        }
         self._finalizer = weakref.finalize(self, _shutdown, engine, loop, thread)
 
     def close(self) -> None:
@@ -271,6 +284,13 @@ class VLLMAgent(Agent):
             future.set_exception(VLLMRequestError("the VLLMAgent was closed; build a new one."))
             return future
         return asyncio.run_coroutine_threadsafe(self._answer(request), self._loop)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop vLLM's prefix cache (e.g. after new weights were loaded into the engine, whose cached KV would be
+        stale; or between benchmark repeats). ``True`` when the engine reset it (it refuses while requests run)."""
+        if self._engine is None or self._loop is None:
+            raise VLLMRequestError("the VLLMAgent was closed; build a new one.")
+        return bool(asyncio.run_coroutine_threadsafe(self._engine.reset_prefix_cache(), self._loop).result())
 
     def request_seed(self, request: AgentRequest) -> int:
         """The seed of ``request``'s sampling: its own, else one from the agent's seed, its session and its turn."""
@@ -407,16 +427,7 @@ class VLLMAgent(Agent):
             "sampling": {**asdict(self.sampling), "seed": self._run_seed},
             "logprob_convention": self.logprob_convention(),
             "stop_token_ids": list(self.stop_ids),
-            "engine": {
-                "dtype": s.dtype,
-                "max_model_len": getattr(self, "max_model_len", s.max_model_len),
-                "gpu_memory_utilization": s.gpu_memory_utilization,
-                "tensor_parallel_size": s.tensor_parallel_size,
-                "prefix_caching": getattr(self, "prefix_caching", s.enable_prefix_caching),
-                "block_size": getattr(self, "block_size", None),
-                "enforce_eager": s.enforce_eager,
-                "engine_kwargs": s.engine_kwargs,
-            },
+            "engine": {**self.engine_config, "enforce_eager": s.enforce_eager, "engine_kwargs": s.engine_kwargs},
             "concurrency": s.concurrency,
         }
 
@@ -470,8 +481,22 @@ async def _imported() -> SimpleNamespace:
 
 
 async def _built(vllm: SimpleNamespace, engine_args: dict[str, Any]) -> Any:
-    """The engine, built on its loop (so its output handler starts there)."""
-    return vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**engine_args))
+    """The engine, built on its loop (so its output handler starts there).
+
+    On vLLM's CPU backend, chunked prefill is switched off unless ``engine_args`` say otherwise: vLLM 0.32 rewinds a
+    seeded request's generator when it discards the token sampled during a partial (chunked) prefill, which CPU
+    generators cannot do, and the engine dies (``RuntimeError: CPU Generator does not use offset``, in
+    ``GPUModelRunner._bookkeeping_sync``) as soon as many seeded prompts exceed the step's token budget. Without
+    chunking, the budget (``max_num_batched_tokens``) must hold the longest prompt, so it is raised to
+    ``max_model_len`` where it is smaller.
+    """
+    args = vllm.AsyncEngineArgs(**engine_args)
+    if vllm.on_cpu and "enable_chunked_prefill" not in engine_args:
+        resolved = args.create_engine_config()  # resolves max_model_len and the default budget; args are spent
+        budget = max(resolved.model_config.max_model_len, resolved.scheduler_config.max_num_batched_tokens)
+        unchunked = {"enable_chunked_prefill": False, "max_num_batched_tokens": budget}
+        args = vllm.AsyncEngineArgs(**{**engine_args, **unchunked})
+    return vllm.AsyncLLMEngine.from_engine_args(args)
 
 
 def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:

@@ -47,13 +47,13 @@ class VLLMSettings:
     max_model_len: int | None = field(
         default=None, metadata={"help": "Context length (prompt + answer); default the model's."}
     )
-    gpu_memory_utilization: float = field(
-        default=0.9,
+    gpu_memory_utilization: float | None = field(
+        default=None,
         metadata={
-            "help": "Fraction of each GPU's memory vLLM may take for weights, activations and KV cache (vLLM's "
-            "default 0.9). Lower it when a trainer shares the GPU. On vLLM's CPU backend it is the fraction of "
-            "system memory reserved; size the KV cache there with VLLM_CPU_KVCACHE_SPACE=<GiB> or engine_kwargs "
-            "{'kv_cache_memory_bytes': ...}."
+            "help": "Fraction of each GPU's memory this engine may take for weights, activations and KV cache "
+            "(default vLLM's: 0.92 in vLLM 0.32); a per-instance limit. Lower it when a trainer shares the GPU. "
+            "On vLLM's CPU backend it is the fraction of system memory reserved; size the KV cache there with "
+            "VLLM_CPU_KVCACHE_SPACE=<GiB> or engine_kwargs {'kv_cache_memory_bytes': ...}."
         },
     )
     tensor_parallel_size: int = field(
@@ -96,7 +96,8 @@ class VLLMSettings:
             raise ValueError("VLLMSettings.model is required: a hub id or a local model directory.")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {tuple(LOGPROBS_MODES)}, got {self.logprobs_mode!r}.")
-        if self.concurrency < 1 or self.tensor_parallel_size < 1 or not 0 < self.gpu_memory_utilization <= 1:
+        memory = self.gpu_memory_utilization
+        if self.concurrency < 1 or self.tensor_parallel_size < 1 or (memory is not None and not 0 < memory <= 1):
             raise ValueError("Need concurrency >= 1, tensor_parallel_size >= 1 and 0 < gpu_memory_utilization <= 1.")
         own = {f.name for f in fields(self)}
         clash = sorted(own & set(self.engine_kwargs))
