@@ -297,6 +297,7 @@ def cmd_generate(argv: list[str]) -> int:
         ds,
         agent_info=info,
         seed=options.seed,
+        run_options=asdict(options),
         pad_token_id=agent.tokenizer.pad_token_id,
         load_path=args.push_to_hub or str(Path(args.output).resolve()),
     )

@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ._version import __version__
 from .agents.base import Agent
+from .schema import ROLLOUT_FEATURES
 
 
 def canonical(obj: Any) -> str:
@@ -40,15 +41,18 @@ def rollout_fingerprint(
     """Hash of everything that changes :func:`~hf_rollouts.pipeline.generate_rollouts`' output: the input dataset's
     fingerprint, each env's fingerprint (``envs``: source, data files), the agent's fingerprint (weights probe, sampling
     settings, negotiated mode), the tokenizer, every field of ``opts`` (a
-    :class:`~hf_rollouts.pipeline.RolloutOptions`) and the library version."""
+    :class:`~hf_rollouts.pipeline.RolloutOptions`) but those it lists in ``not_in_fingerprint`` (they do not change
+    the rows, e.g. ``env_workers``), the library version and the rollout columns' schema."""
+    unfingerprinted = getattr(opts, "not_in_fingerprint", ())
     payload = canonical(
         {
             "tasks": tasks._fingerprint,
             "envs": envs or {},
             "agent": agent.fingerprint(),
             "tokenizer": tokenizer_fingerprint(tokenizer),
-            "options": {f.name: getattr(opts, f.name) for f in fields(opts)},
+            "options": {f.name: getattr(opts, f.name) for f in fields(opts) if f.name not in unfingerprinted},
             "hf_rollouts": __version__,
+            "rollout_schema": str(ROLLOUT_FEATURES),  # a new column must not reuse shards written without it
         }
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:20]

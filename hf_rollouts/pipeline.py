@@ -48,7 +48,7 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
 from datasets import Dataset, DatasetInfo, Features
@@ -62,7 +62,7 @@ from .envs.base import MultistepEnv
 from .envs.config import UnknownConfigKeyWarning
 from .envs.registry import validate_tasks
 from .fingerprint import canonical, rollout_fingerprint
-from .rollout import episode_jobs, pad_task, run_episodes
+from .rollout import DEFAULT_ENV_WORKERS, episode_jobs, pad_task, run_episodes
 from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_task_dataset
 from .seeding import derive_seed
 from .shard_cache import ShardCacheError, ShardFile
@@ -96,6 +96,15 @@ class RolloutOptions:
     max_concurrency: int | None = field(
         default=None, metadata={"help": "Cap on episodes alive at once within a batch."}
     )
+    env_workers: int = field(
+        default=DEFAULT_ENV_WORKERS,
+        metadata={
+            "help": "Worker threads that run sync env hooks at once: envs that wait (HTTP, sandboxes, judges) "
+            "overlap up to this many waits; async def hooks need no thread. Does not change the rows.",
+        },
+    )
+    not_in_fingerprint: ClassVar[tuple[str, ...]] = ("env_workers",)
+    """Fields that never change the rows, left out of the cache key (a new pool width reuses the cache)."""
     on_error: Literal["record", "raise"] = field(
         default="record", metadata={"help": "'record' keeps failed episodes as status 'error'; 'raise' aborts the run."}
     )
@@ -115,7 +124,7 @@ class RolloutOptions:
     )
 
     def __post_init__(self) -> None:
-        for name in ("num_rollouts", "batch_size", "shard_size"):
+        for name in ("num_rollouts", "batch_size", "shard_size", "env_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         for name in ("step_timeout", "episode_timeout"):
@@ -186,6 +195,7 @@ class _Expander:
             on_episode_end=(lambda: self.progress.update(1)) if self.progress is not None else None,
             step_timeout=self.opts.step_timeout,
             episode_timeout=self.opts.episode_timeout,
+            env_workers=self.opts.env_workers,
         )
         for k, index in enumerate(indices):
             self.played[index] = episodes[k * r : (k + 1) * r]

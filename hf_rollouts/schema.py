@@ -69,7 +69,28 @@ class Column:
         return List(List(self.value)) if self.is_sequence else List(self.value)
 
 
-MESSAGE = {"role": Value("string"), "content": Value("string")}
+TOOL_CALL = {
+    "id": Value("string"),
+    "type": Value("string"),
+    "function": {"name": Value("string"), "arguments": Value("string")},
+}
+MESSAGE = {
+    "role": Value("string"),
+    "content": Value("string"),
+    "tool_calls": List(TOOL_CALL),
+    "tool_call_id": Value("string"),
+    "name": Value("string"),
+}
+"""One chat message; ``tool_calls`` on an assistant message that called tools, ``tool_call_id``/``name`` on a
+``tool`` message (null elsewhere). Call arguments are a JSON string, as in the OpenAI format (chat templates
+want a dict: :func:`hf_rollouts.chat.template_messages` converts a stored conversation for ``apply_chat_template``)."""
+TOOL_CALL_RECORD = {
+    "turn": Value("int32"),
+    "name": Value("string"),
+    "arguments": Value("string"),
+    "status": Value("string"),
+    "seconds": Value("float32"),
+}
 
 ROLLOUT_COLUMNS: tuple[Column, ...] = (
     Column(
@@ -132,6 +153,29 @@ ROLLOUT_COLUMNS: tuple[Column, ...] = (
     Column("statuses", "status", Value("string"), None, "[rollout] `done`, `truncated` or `error`", True),
     Column("errors", "error", Value("string"), None, "[rollout] the error message of an `error` rollout"),
     Column("conversations", "messages", List(MESSAGE), None, "[rollout] the readable chat of the episode"),
+    Column(
+        "padded_tool_token_mask",
+        "tool_token_mask",
+        Value("int8"),
+        0,
+        "[rollout][token] 1 on every token of a tool-result delta (environment tokens: agent mask 0)",
+    ),
+    Column("num_tool_calls", "num_tool_calls", Value("int32"), None, "[rollout] tool calls the agent made"),
+    Column(
+        "num_tool_errors",
+        "num_tool_errors",
+        Value("int32"),
+        None,
+        "[rollout] tool calls answered with an error (malformed, failed, timed out, over a limit)",
+    ),
+    Column(
+        "tool_calls",
+        "tool_calls",
+        List(TOOL_CALL_RECORD),
+        None,
+        "[rollout] each tool call: agent turn, tool name, arguments, status (`ok`, `error`, `timeout`, "
+        "`malformed`, `limit`, `not_run`) and seconds",
+    ),
 )
 
 ROLLOUT_FEATURES = Features({c.name: c.feature for c in ROLLOUT_COLUMNS})

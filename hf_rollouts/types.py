@@ -7,7 +7,9 @@ contracts between the parts of the library can be read in one place:
 * the agent answers with an :class:`Action` (text, and, when it sampled them
   itself, the exact token ids and their log-probabilities);
 * one finished episode is an :class:`Episode` (unpadded, token-level);
-* :data:`EPISODE_STATUSES` is the closed set of ways an episode can end.
+* :data:`EPISODE_STATUSES` is the closed set of ways an episode can end;
+* a tool call the agent made is a :class:`ToolCall`, and what it returned a :class:`ToolResult`
+  (:data:`TOOL_STATUSES`).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import numbers
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-Message = dict[str, str]
-"""One chat message, ``{"role": "system" | "user" | "assistant", "content": str}``."""
+Message = dict[str, Any]
+"""One chat message, ``{"role": "system" | "user" | "assistant" | "tool", "content": str}``. In tool
+episodes an assistant message may carry ``tool_calls`` (``[{"id", "type": "function", "function": {"name",
+"arguments": dict}}]``) and a ``tool`` message ``tool_call_id`` and ``name``, as chat templates expect them."""
 
 Status = Literal["done", "truncated", "error"]
 EPISODE_STATUSES: tuple[str, ...] = ("done", "truncated", "error")
@@ -62,6 +66,53 @@ def reward_rule_violation(status: str, final_reward: float, per_token_rewards: l
         if bad is not None:
             return f"status {status!r} with a non-finite per-token reward {bad}"
     return None
+
+
+TOOL_STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "malformed", "limit", "not_run")
+"""How a tool call ended. ``ok``: the tool returned. ``error``: it raised (or an MCP server answered
+``is_error``), or it names no tool of the env, or its arguments do not fit the function. ``timeout``: it ran
+past ``tool_timeout``. ``malformed``: the call could not be parsed. ``limit``: not run, a ``max_tool_calls``
+limit was reached. ``not_run``: made on the episode's last turn, when no agent turn could read a result.
+Every status but ``ok`` and ``not_run`` is a tool error (counted in ``num_tool_errors``), and every call
+but ``not_run`` ones is answered to the model by a ``tool`` message."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call parsed from an agent's sampled turn (see :mod:`hf_rollouts.chat.tool_calls`).
+
+    Attributes:
+        name: the tool's name (``""`` when it could not be read).
+        arguments: the decoded arguments, or ``None`` for a malformed call.
+        id: the call id (the model's own where its format has one, else generated per turn and index).
+        raw: the call's text as sampled.
+        error: why the call could not be parsed (``None`` for a well-formed call).
+    """
+
+    name: str
+    arguments: dict[str, Any] | None
+    id: str = ""
+    raw: str = ""
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What one tool call gave back: the text the model reads, how it ended, how long it ran."""
+
+    call: ToolCall
+    content: str
+    status: str = "ok"
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.status not in TOOL_STATUSES:
+            raise ValueError(f"unknown tool status {self.status!r}; one of {TOOL_STATUSES}")
+
+    @property
+    def failed(self) -> bool:
+        """Counted as a tool error (see :data:`TOOL_STATUSES`)."""
+        return self.status not in ("ok", "not_run")
 
 
 @dataclass(frozen=True)
@@ -146,6 +197,8 @@ class Episode:
         0 = re-tokenized text of a text-only turn, or not an agent token) is 1
         only where ``agent_token_mask`` is 1;
       * ``per_token_rewards`` is non-zero only where ``agent_token_mask`` is 1;
+      * ``tool_token_mask`` (1 on every token of a tool-result delta; empty means all 0) is 1 only
+        where ``agent_token_mask`` is 0: tool output is environment text, never trained on;
       * ``logprobs`` (when not ``None``) is 0.0 wherever the mask is 0;
       * ``status == "error"`` iff ``error`` is set iff ``final_reward`` is NaN;
       * a ``done`` or ``truncated`` episode has a finite ``final_reward`` and finite
@@ -164,6 +217,11 @@ class Episode:
     num_cut_turns: int
     messages: list[Message]
     turns: list[Turn]
+    tool_token_mask: list[int] = field(default_factory=list)
+    num_tool_calls: int = 0
+    num_tool_errors: int = 0
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    """One record per tool call: ``{"turn", "name", "arguments", "status", "seconds"}``."""
 
     @property
     def full_attention_mask(self) -> list[int]:
@@ -179,6 +237,10 @@ class Episode:
             "sampled mark on a non-agent token"
         )
         assert self.logprobs is None or len(self.logprobs) == n
+        assert not self.tool_token_mask or len(self.tool_token_mask) == n
+        assert all(not (t and m) for t, m in zip(self.tool_token_mask, self.agent_token_mask)), (
+            "tool mark on an agent token"
+        )
         for m, r in zip(self.agent_token_mask, self.per_token_rewards):
             assert m == 1 or r == 0.0, "reward on a non-agent token"
         assert self.status in EPISODE_STATUSES, f"unknown status {self.status!r}"

@@ -14,12 +14,20 @@ median 0.1 s, long tail) answers Mastermind guesses. The same episodes are playe
 Part 2 (instant agent): a trivial env and an agent that answers at once, so only the machinery is timed:
 the plain sequential loop (``run_episode`` one after the other) against ``generate_rollouts`` (Dataset.map,
 padding, Arrow shards) at batch_size 16 and 64. Each side is timed at 1 and 2 torch threads, best of each.
+
+Part 3 (envs that wait): the trivial env with ``_initialize_episode`` and ``_step_episode`` each waiting 50 ms,
+as sync hooks (``time.sleep``, on the engine's worker pool) and as ``async def`` hooks (``asyncio.sleep``, on the
+engine's loop), with the instant agent: the serial sum of hook time, the wall time, and the ideal (for the pool
+width: every phase's waits spread over the pool; for async: one wait per phase), side by side; then Twenty
+Questions with its LLM gamemaster answering over HTTP, at env_workers 1 and the default.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import math
 import os
 import random
 import tempfile
@@ -37,9 +45,10 @@ from hf_rollouts import MultistepEnv
 from hf_rollouts.agents.base import Agent
 from hf_rollouts.agents.openai import OpenAIChatAgent
 from hf_rollouts.agents.sampling import SamplingConfig
+from hf_rollouts.agents.scripted import ScriptedAgent
 from hf_rollouts.envs.mastermind import MastermindEnv
 from hf_rollouts.pipeline import generate_rollouts
-from hf_rollouts.rollout import run_episode
+from hf_rollouts.rollout import episode_jobs, run_episode, run_episodes
 from hf_rollouts.schema import to_task_dataset
 from hf_rollouts.seeding import derive_seed
 from hf_rollouts.tiny_model import build_tokenizer
@@ -57,6 +66,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--instant-tasks", type=int, default=2000)
     p.add_argument("--skip-endpoint", action="store_true")
     p.add_argument("--skip-instant", action="store_true")
+    p.add_argument("--skip-waiting", action="store_true")
+    p.add_argument("--waiting-tasks", type=int, default=16, help="part 3: tasks (x 4 rollouts) of the waiting envs")
+    p.add_argument("--hook-delay", type=float, default=0.05, help="part 3: seconds each waiting hook waits")
+    p.add_argument("--env-workers", type=int, default=None, help="part 3: the pool width (default: the library's)")
     return p.parse_args()
 
 
@@ -266,6 +279,133 @@ def instant_part(args, tokenizer) -> None:
         print(f"engine / plain loop at batch_size {bs}: {t_plain / best[bs][0]:.0%} of the plain loop's episodes/s")
 
 
+# -- part 3: env hooks that wait (I/O-bound environments) ------------------------------------------------
+class _Waits:
+    """Shared by both waiting envs: every wait is added to ``waited`` (the serial sum of hook time)."""
+
+    delay = 0.05
+    waited = 0.0
+    lock = threading.Lock()
+
+    @classmethod
+    def add(cls, seconds: float) -> None:
+        with cls.lock:
+            cls.waited += seconds
+
+
+class SleepyCounter(Counter):
+    """Counter whose ``_initialize_episode`` and ``_step_episode`` each wait ``delay`` seconds (``time.sleep``,
+    standing for I/O: an env server, a sandbox, a judge)."""
+
+    def _initialize_episode(self, session_id, task_data):
+        t = time.perf_counter()
+        time.sleep(_Waits.delay)
+        _Waits.add(time.perf_counter() - t)
+        return super()._initialize_episode(session_id, task_data)
+
+    def _step_episode(self, session_id, state, action):
+        t = time.perf_counter()
+        time.sleep(_Waits.delay)
+        _Waits.add(time.perf_counter() - t)
+        return super()._step_episode(session_id, state, action)
+
+
+class AsyncSleepyCounter(Counter):
+    """The same env with ``async def`` hooks (``asyncio.sleep``)."""
+
+    async def _initialize_episode(self, session_id, task_data):
+        t = time.perf_counter()
+        await asyncio.sleep(_Waits.delay)
+        _Waits.add(time.perf_counter() - t)
+        return Counter._initialize_episode(self, session_id, task_data)
+
+    async def _step_episode(self, session_id, state, action):
+        t = time.perf_counter()
+        await asyncio.sleep(_Waits.delay)
+        _Waits.add(time.perf_counter() - t)
+        return Counter._step_episode(self, session_id, state, action)
+
+
+class _YesServer(LatencyServer):
+    """A gamemaster endpoint: answers every question "No" after a fixed latency."""
+
+    def __init__(self, latency: float) -> None:
+        ThreadingHTTPServer.__init__(self, ("127.0.0.1", 0), _YesHandler)
+        self.fixed = latency
+
+
+class _YesHandler(_Handler):
+    wbufsize = -1  # one send per answer: headers and body in separate small sends meet the client's delayed ACK
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        time.sleep(self.server.fixed)
+        message = {"role": "assistant", "content": "No"}
+        answer = {"id": "x", "object": "chat.completion", "model": body.get("model", "m"),
+                  "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}  # fmt: skip
+        data = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def waiting_part(args, tokenizer) -> None:
+    from hf_rollouts.envs.twenty_questions import TwentyQuestionsEnv
+    from hf_rollouts.rollout import DEFAULT_ENV_WORKERS
+
+    tasks_n, rollouts, turns, d = args.waiting_tasks, 4, 4, args.hook_delay
+    episodes, phases = tasks_n * rollouts, turns + 1  # _initialize_episode, then one _step_episode per turn
+    _Waits.delay = d
+    agent = Instant(tokenizer)
+    width = args.env_workers or DEFAULT_ENV_WORKERS
+    print(
+        f"\nenv hooks that wait: {tasks_n} tasks x {rollouts} rollouts = {episodes} episodes x {turns} turns; "
+        f"_initialize_episode and _step_episode each wait {d * 1000:.0f} ms; instant agent; env_workers {width}"
+    )
+    print("| env | serial hook time s | wall s | ideal s | wall / ideal | serial / wall |")
+    print("|---|---:|---:|---:|---:|---:|")
+    runs = [
+        (f"sync hooks (time.sleep), pool of {width}", SleepyCounter, phases * math.ceil(episodes / width) * d),
+        ("async hooks (asyncio.sleep), event loop", AsyncSleepyCounter, phases * d),
+        ("sync hooks, env_workers 1 (serial)", SleepyCounter, phases * episodes * d),
+    ]
+    for label, cls, ideal in runs:
+        env = cls(tokenizer, {"max_turns": turns})
+        jobs = episode_jobs(env, [{"i": i} for i in range(tasks_n)], rollouts)
+        _Waits.waited = 0.0
+        workers = 1 if "serial" in label else width
+        t = time.perf_counter()
+        out = run_episodes(jobs, agent, env_workers=workers)
+        wall = time.perf_counter() - t
+        assert all(e["status"] == "done" for e in out), {e["error"] for e in out}
+        serial = _Waits.waited
+        print(f"| {label} | {serial:.2f} | {wall:.2f} | {ideal:.2f} | {wall / ideal:.2f} | {serial / wall:.1f}x |")
+
+    # The LLM gamemaster of Twenty Questions, unchanged: its answers come from an endpoint with fixed latency.
+    server = _YesServer(d)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    spec = f"openai:{server.url}#m"
+    config = {"max_turns": turns, "gamemaster": "agent", "gamemaster_model": spec}
+    env = TwentyQuestionsEnv(tokenizer, config)
+    tq = env.get_train_dataset(tasks_n)["task_data"]
+    asker = ScriptedAgent(["Is it alive?"])
+    print(
+        f"\nTwenty Questions, LLM gamemaster over HTTP ({d * 1000:.0f} ms per answer), "
+        f"{episodes} episodes x {turns} questions"
+    )
+    print("| env_workers | wall s | questions answered |\n|---:|---:|---:|")
+    for workers in (1, width):
+        before = env.gamemaster.agent.stats["requests"]
+        t = time.perf_counter()
+        out = run_episodes(episode_jobs(env, tq, rollouts), asker, env_workers=workers)
+        wall = time.perf_counter() - t
+        assert all(e["status"] in ("done", "truncated") for e in out), {e["error"] for e in out}
+        print(f"| {workers} | {wall:.2f} | {env.gamemaster.agent.stats['requests'] - before} |")
+    server.shutdown()
+
+
 def main() -> int:
     args = parse_args()
     disable_progress_bars()
@@ -274,6 +414,8 @@ def main() -> int:
         endpoint_part(args, tokenizer)
     if not args.skip_instant:
         instant_part(args, tokenizer)
+    if not args.skip_waiting:
+        waiting_part(args, tokenizer)
     return 0
 
 

@@ -121,6 +121,8 @@ def test_cli_tasks_generate_inspect(tmp_path, capsys):
         "3",
         "--logprob-dtype",
         "float16",
+        "--env-workers",
+        "5",
         "--output",
         str(out_dir),
         "--cache-dir",
@@ -133,6 +135,7 @@ def test_cli_tasks_generate_inspect(tmp_path, capsys):
         in card
     )
     assert "| `padded_logprobs` | `List(List(Value('float16')))` |" in card  # the card describes what was stored
+    assert "| env_workers | `5` |" in card and "| step_timeout | `300.0` |" in card  # the run's settings
     printed = capsys.readouterr().out
     assert "wrote 3 tasks x 2 rollouts" in printed and "pass@2" in printed
     ds = load_from_disk(str(out_dir))

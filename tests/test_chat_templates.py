@@ -375,12 +375,14 @@ TRIM = "whitespace trimmed in history"
 EXPECTED_REWRITES = {
     "qwen3": {"reasoning dropped from history"},
     "deepseek_r1": {"reasoning dropped from history"},
-    "mistral": {"system prompt moved"},
-    "gpt_oss": {"end token rewritten in history"},
+    "mistral": {"system prompt moved", "tool list moved to the last user turn"},
+    "gpt_oss": {"end token rewritten in history", "tool-call header rewritten in history"},
     "llama2": {"end token rewritten in history", TRIM},
-    "llama3": {TRIM},
+    "llama3": {TRIM, "tool-call end token rewritten in history"},
     "gemma": {TRIM},
+    "smollm": {"tool calls not rendered in history"},
 }
+NO_TOOLS = {"phi", "gemma", "llama2", "deepseek_r1"}  # check_chat_template notes "tool turns unsupported"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -390,6 +392,7 @@ def test_check_chat_template_names_each_familys_rewrites_and_finds_no_defect(tok
     report = check_chat_template(family_tokenizer(tokenizer, name))
     assert report.ok, str(report)
     assert set(report.rewrites) == EXPECTED_REWRITES.get(name, set()), str(report)
+    assert ("tool turns unsupported" in [f.rule for f in report.findings]) == (name in NO_TOOLS), str(report)
     assert report.framing.opening == OPENING.get(name, "") and report.framing.history_end == HISTORY_END[name]
 
 

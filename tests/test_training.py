@@ -98,6 +98,10 @@ def handmade_rollouts() -> Dataset:
                 "errors": [r["error"] for r in group],
                 "conversations": [[{"role": "user", "content": "Guess."}] for _ in group],
                 "num_cut_turns": [0 for _ in group],
+                "padded_tool_token_mask": [_pad([0] * len(r["ids"]), w, 0) for r in group],
+                "num_tool_calls": [0 for _ in group],
+                "num_tool_errors": [0 for _ in group],
+                "tool_calls": [[] for _ in group],
             }
         )
     unknown = set(ROLLOUT_FEATURES) - set(rows[0])

@@ -51,6 +51,10 @@ template rewrites history; :func:`check_chat_template` names the known cases
 (dropped reasoning, moved system prompt, end token rewritten, whitespace trimmed)
 and flags anything else as a defect.
 
+Tool turns follow the same rules: the model's calls are parsed per family from its sampled ids
+(:mod:`~hf_rollouts.chat.tool_calls`) and the results appended as ``tool`` messages rendered by the template
+after the sampled end token (:mod:`~hf_rollouts.chat.tool_turns`).
+
 Modules: :mod:`~hf_rollouts.chat.delta` (:class:`ChatDelta`, :class:`AssistantFraming`; rules 1-4, 6),
 :mod:`~hf_rollouts.chat.guard` (the special-token guard; rule 5), :mod:`~hf_rollouts.chat.check`
 (:func:`check_chat_template`).
@@ -58,6 +62,8 @@ Modules: :mod:`~hf_rollouts.chat.delta` (:class:`ChatDelta`, :class:`AssistantFr
 
 from .check import TemplateFinding, TemplateReport, check_chat_template
 from .delta import AssistantFraming, ChatDelta, ChatTemplateError
+from .tool_calls import ToolFormat, ToolTemplateError, detect_tool_format
+from .tool_turns import ToolTurns, template_messages
 
 __all__ = [
     "AssistantFraming",
@@ -65,5 +71,10 @@ __all__ = [
     "ChatTemplateError",
     "TemplateFinding",
     "TemplateReport",
+    "ToolFormat",
+    "ToolTemplateError",
+    "ToolTurns",
     "check_chat_template",
+    "detect_tool_format",
+    "template_messages",
 ]

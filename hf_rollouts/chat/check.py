@@ -8,8 +8,10 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ..types import Message
+from ..types import Message, ToolCall
 from .delta import AssistantFraming, ChatDelta
+from .tool_calls import ToolTemplateError
+from .tool_turns import ToolTurns, template_messages
 
 _CHECK_SYSTEM = "Answer in few words."
 _CHECK_USERS = ("Guess my number.", "Higher.", "Lower.")
@@ -75,6 +77,12 @@ def check_chat_template(
     classified: reasoning dropped (Qwen3, DeepSeek-R1), system prompt moved (Mistral),
     end token rewritten in history (gpt-oss ``<|return|>`` → ``<|end|>``, Llama-2 ``</s>`` →
     ``" </s>"``), whitespace trimmed (Llama, Gemma), or else a defect.
+
+    A fifth conversation plays a tool turn (user, assistant call, ``tool`` result, answer, user) the way tool
+    episodes are built (:mod:`hf_rollouts.chat.tool_turns`) and compares it the same way. A template that
+    cannot carry tool turns gets the note "tool turns unsupported" with the reason (tool environments refuse
+    it); one that can gets its family's tool rewrites named: tool-call header (gpt-oss) or end token (Llama-3.1)
+    rewritten in history, tool calls not rendered in history (SmolLM3).
     """
     chat = ChatDelta(tokenizer, template_kwargs, tools)
     f = chat.framing
@@ -120,6 +128,7 @@ def check_chat_template(
             if op != "equal":
                 stored_text, full_text = tokenizer.decode(history[i1:i2]), tokenizer.decode(full[j1:j2])
                 findings.append(_classify(stored_text, full_text, label, once))
+    findings += _tool_findings(chat, tools)
     unique = list(dict.fromkeys(findings))
     seen: set[tuple[str, str]] = set()
     findings = [x for x in unique if (x.kind, x.rule) not in seen and not seen.add((x.kind, x.rule))]
@@ -143,3 +152,70 @@ def _classify(stored: str, full: str, label: str, system_once: bool) -> Template
     if label == "whitespace" and "".join(stored.split()) == "".join(full.split()):
         return TemplateFinding("rewrite", "whitespace trimmed in history", where)
     return TemplateFinding("defect", "unexplained difference", where)
+
+
+_CHECK_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look a key up.",
+        "parameters": {"type": "object", "properties": {"key": {"type": "string", "description": "The key."}}},
+    },
+}
+
+
+def _tool_findings(chat: ChatDelta, tools: list[dict[str, Any]] | None) -> list[TemplateFinding]:
+    """Play one tool conversation through the deltas and compare it with a full render (see
+    :func:`check_chat_template`)."""
+    turns = ToolTurns(chat)
+    try:
+        fmt = turns.check()
+    except ToolTemplateError as exc:
+        return [TemplateFinding("note", "tool turns unsupported", str(exc))]
+    call = ToolCall("lookup", {"key": "a"}, id=fmt.call_id("", 1, 0))
+    user: Message = {"role": "user", "content": _CHECK_USERS[0]}
+    msgs = [
+        user,
+        turns.assistant_message("", [call]),
+        *turns.tool_messages([call], ["42"]),
+        {"role": "assistant", "content": _CHECK_ANSWERS[0]},
+        {"role": "user", "content": _CHECK_USERS[1]},
+    ]
+    schemas = tools or [_CHECK_TOOL]
+    findings = [TemplateFinding("rewrite", rule, f"{fmt.name} tool calls: {detail}") for rule, detail in fmt.rewrites]
+    try:
+        full_text = chat.render(template_messages(msgs), add_generation_prompt=True, tools=schemas)
+        first = chat.render([user], add_generation_prompt=True, tools=schemas)
+        bare = chat.render([user], add_generation_prompt=False, tools=schemas)
+        if not full_text.startswith(bare):  # Mistral renders the tool list before the LAST user message
+            findings.append(
+                TemplateFinding(
+                    "rewrite",
+                    "tool list moved to the last user turn",
+                    "stored ids keep it in the first prompt, where the model saw it; compared without it",
+                )
+            )
+            full_text = chat.render(template_messages(msgs), add_generation_prompt=True)
+            first = chat.render([user], add_generation_prompt=True)
+            bare = chat.render([user], add_generation_prompt=False)
+        start = len(first) if full_text.startswith(first) else len(bare)  # a generation prompt kept only in the ids
+        delta_text, _, _ = turns._delta_text([call], ["42"], fmt)
+        at = full_text.find(delta_text, start)
+        if at < 0:
+            raise ValueError("the tool result delta is not found in a full render after the first prompt")
+        call_turn = chat.encode(full_text[start:at])  # the call turn as the template writes it in history
+        if "lookup" not in full_text[start:at]:
+            findings.append(
+                TemplateFinding("rewrite", "tool calls not rendered in history", "stored ids keep the sampled calls")
+            )
+        answer = chat.assistant_turn_ids(_CHECK_ANSWERS[0], stopped=False)
+        history = chat.encode(first) + call_turn + turns.result_ids([call], ["42"]) + answer
+        history += chat.encode(chat.framing.history_end) + chat.user_delta_ids(_CHECK_USERS[1], answer, ended=True)
+        full = chat.encode(full_text)
+    except Exception as exc:
+        return [*findings, TemplateFinding("defect", "tool conversation fails", f"{type(exc).__name__}: {exc}")]
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, history, full, autojunk=False).get_opcodes():
+        if op != "equal":
+            stored, rendered = chat.tokenizer.decode(history[i1:i2]), chat.tokenizer.decode(full[j1:j2])
+            findings.append(_classify(stored, rendered, "tool", system_once=False))
+    return findings

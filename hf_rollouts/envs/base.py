@@ -10,8 +10,15 @@ Subclasses implement three hooks and know nothing of models:
 * ``_step_episode(session_id, state, action) -> (state, reward, done, info)`` —
   apply the agent's action text. ``done`` means the game ended (won or lost).
 
+Any of these hooks may be ``async def``: the engine awaits it on its own event loop, where
+thousands of waiting episodes cost no threads (:mod:`hf_rollouts.rollout.aio`; an async hook must
+not block). Sync hooks of different episodes run at the same time on the engine's worker threads
+(``env_workers``), so an env that waits on the outside world (an HTTP server, a sandbox, a judge)
+overlaps its waits; see :attr:`MultistepEnv.thread_safe_hooks`.
+
 Optional hooks: ``_calculate_reward(state, step_rewards) -> float`` (default: the sum of
-step rewards), ``_system_prompt(state)``, ``_tools()`` (tool schemas for the chat template), and
+step rewards), ``_system_prompt(state)``, ``_tools()`` (the env's tools: functions it runs, or bare JSON
+schemas for the chat template), ``_call_tools(session_id, state, calls)`` (runs one turn's tool calls), and
 ``_task_list(split, num_tasks)``, which :meth:`~MultistepEnv.get_train_dataset` /
 :meth:`~MultistepEnv.get_eval_dataset` need to make task rows (an env whose tasks come from the
 user's own dataset can leave it out).
@@ -27,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import random
+import threading
 import warnings
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
@@ -36,9 +44,30 @@ from transformers import PreTrainedTokenizerBase
 
 from ..agents.base import Agent
 from ..chat import ChatDelta
-from ..rollout import episode_jobs, pad_groups, run_episode, run_episodes
+from ..chat.tool_turns import ToolTurns
+from ..rollout import DEFAULT_ENV_WORKERS, episode_jobs, pad_groups, run_episode, run_episodes
+from ..rollout.tool_loop import ToolLimits
 from ..schema import to_task_dataset
+from ..tools import Tool, Toolbox, run_tool_calls
+from ..types import ToolCall, ToolResult
 from .config import EnvConfig, UnknownConfigKeyWarning
+
+
+def _declare_tools(env_name: str, tools: list[Any] | None) -> tuple[Toolbox | None, list[dict[str, Any]] | None]:
+    """``_tools()``'s answer as (a toolbox when it holds functions or Tools, the schemas for the template)."""
+    if not tools:
+        return None, tools if tools is None else list(tools)
+    if not isinstance(tools, (list, tuple)):
+        raise TypeError(f"{env_name}._tools() must return a list, got {type(tools).__name__}.")
+    if all(isinstance(t, dict) for t in tools):
+        return None, list(tools)
+    if any(isinstance(t, dict) for t in tools):
+        raise TypeError(
+            f"{env_name}._tools() mixes JSON schemas (dicts) with functions: return functions or Tool objects "
+            "(their schemas come from their signatures), or only schemas (then no call is run)."
+        )
+    box = Toolbox(tools if all(isinstance(t, Tool) for t in tools) else list(tools))
+    return box, box.schemas
 
 
 def unknown_keys_message(cls: type[MultistepEnv], unknown: list[str]) -> str:
@@ -72,6 +101,14 @@ class MultistepEnv(ABC):
       (read by the scheduler).
     * ``chat_template_kwargs`` (dict): options for every chat-template render, e.g.
       ``{"enable_thinking": false}`` (see :class:`~hf_rollouts.chat.ChatDelta`).
+    * ``tool_timeout``, ``max_tool_calls``, ``max_tool_calls_per_turn``, ``count_tool_turns``: limits of
+      tool environments (:mod:`hf_rollouts.rollout.tool_loop`).
+
+    **Tools**: when :meth:`_tools` returns functions (or :class:`~hf_rollouts.tools.Tool` objects), the env is a
+    tool environment: ``self.toolbox`` holds them, their schemas go into the first prompt, and the agent's calls
+    are parsed from its sampled turns, run by :meth:`_call_tools` and answered with ``tool`` messages, token-exact
+    (:mod:`hf_rollouts.chat.tool_turns`). A chat template that cannot carry tool turns is refused here, naming
+    the family and the reason.
     """
 
     name: ClassVar[str] = ""
@@ -84,6 +121,13 @@ class MultistepEnv(ABC):
     config_class: ClassVar[type[EnvConfig]] = EnvConfig
     """The typed declaration of this env's ``env_config`` keys (see :mod:`hf_rollouts.envs.config`)."""
 
+    thread_safe_hooks: ClassVar[bool] = True
+    """Sync hooks of different episodes run at the same time on the engine's worker threads (``env_workers``).
+    An env whose hooks share something that is not thread-safe (a client, a C library, a file) sets this to
+    ``False``: the engine then runs its sync hooks one at a time (``hooks_lock``), and the time an episode
+    waits for that lock counts against its ``step_timeout``. Better: guard only the shared thing with a lock
+    of your own, or write the hook as ``async def``."""
+
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
         self.config = self.parse_config(env_config)
         self.tokenizer = tokenizer
@@ -92,7 +136,19 @@ class MultistepEnv(ABC):
         self.max_episode_tokens: int | None = self.config.max_episode_tokens
         self.reward_placement: str = self.config.reward_placement
         self.seed: int = self.config.seed
-        self.chat = ChatDelta(tokenizer, template_kwargs=self.config.chat_template_kwargs or {}, tools=self._tools())
+        self.toolbox, schemas = _declare_tools(type(self).__name__, self._tools())
+        self.chat = ChatDelta(tokenizer, template_kwargs=self.config.chat_template_kwargs or {}, tools=schemas)
+        self.tool_turns: ToolTurns | None = None
+        self.tool_limits = ToolLimits(
+            self.config.tool_timeout,
+            self.config.max_tool_calls,
+            self.config.max_tool_calls_per_turn,
+            self.config.count_tool_turns,
+        )
+        if self.toolbox is not None:
+            self.tool_turns = ToolTurns(self.chat)
+            self.tool_turns.check()  # refuses a template that cannot carry tool turns
+        self.hooks_lock: threading.Lock | None = None if self.thread_safe_hooks else threading.Lock()
 
     @classmethod
     def parse_config(cls, env_config: dict[str, Any] | None, *, warn: bool = True) -> EnvConfig:
@@ -127,12 +183,25 @@ class MultistepEnv(ABC):
         """Optional system message opening every episode (``env_config['system_prompt']`` wins)."""
         return None
 
-    def _tools(self) -> list[dict[str, Any]] | None:
-        """Optional JSON schemas of the env's tools, passed as ``tools=`` to the chat template's first render.
+    def _tools(self) -> list[Any] | None:
+        """Optional: the env's tools, rendered into the first prompt (``tools=`` of the chat template).
 
+        Return plain functions (sync or ``async def``, typed, with Google-style docstrings; a first parameter
+        ``state`` receives the episode's state) or :class:`~hf_rollouts.tools.Tool` objects (e.g. an MCP server's,
+        :mod:`hf_rollouts.tools.mcp`): the env then runs the agent's calls (see the class docstring). Bare JSON
+        schemas (dicts) are only rendered: the env's ``_step_episode`` reads the agent's text as usual.
         Called by ``MultistepEnv.__init__``: it may read ``self.env_config``, not attributes a subclass sets later.
         """
         return None
+
+    def _call_tools(self, session_id: str, state: Any, calls: list[ToolCall]) -> list[ToolResult]:
+        """Run one agent turn's well-formed calls (within the limits); one :class:`~hf_rollouts.types.ToolResult`
+        per call, in order. Default: the env's tools, concurrently, each within ``tool_timeout``
+        (:func:`hf_rollouts.tools.run_tool_calls`; failures and timeouts are results, never exceptions). Override
+        to route calls elsewhere; an exception raised here makes the episode ``error``."""
+        if self.toolbox is None:
+            raise RuntimeError(f"{type(self).__name__} has no executable tools (its _tools() returns none).")
+        return run_tool_calls(self.toolbox, calls, state, timeout=self.tool_limits.tool_timeout)
 
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
         """``task_data`` dicts for ``split`` ("train" or "eval"), deterministic under ``self.seed``.
@@ -210,6 +279,7 @@ class MultistepEnv(ABC):
         *,
         on_error: str = "record",
         max_concurrency: int | None = None,
+        env_workers: int = DEFAULT_ENV_WORKERS,
     ) -> dict[str, list]:
         """Play ``num_rollouts`` episodes of each task; return padded trajectories.
 
@@ -225,7 +295,9 @@ class MultistepEnv(ABC):
         if num_rollouts < 1:
             raise ValueError(f"num_rollouts must be >= 1, got {num_rollouts}.")
         jobs = episode_jobs(self, task_data_list, num_rollouts)
-        episodes = run_episodes(jobs, agent, max_concurrency=max_concurrency, on_error=on_error)
+        episodes = run_episodes(
+            jobs, agent, max_concurrency=max_concurrency, on_error=on_error, env_workers=env_workers
+        )
         out: dict[str, list] = {}
         for group in pad_groups(episodes, num_rollouts, self.tokenizer.pad_token_id):
             for key, values in group.items():

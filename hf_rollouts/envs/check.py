@@ -11,6 +11,10 @@ contract of :class:`~hf_rollouts.envs.base.MultistepEnv`:
   ``(state, reward, done, info)`` with a finite real reward, a bool ``done`` and a dict
   ``info``; ``_calculate_reward`` returns a finite real number;
 * the same task played twice gives the same episode (no global randomness);
+* ``async def`` hooks are awaited (on the engine's loop), like the engine does;
+* a tool env's ``_call_tools`` answers a call with one :class:`~hf_rollouts.types.ToolResult` (a call to no
+  such tool is an error result, not an exception); its tools were declared and its template accepted when
+  the env was built;
 * with ``_task_list``: tasks are deterministic under ``env_config['seed']`` and train/eval
   tasks are disjoint.
 
@@ -29,6 +33,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from ..rollout import resolve
+from ..types import ToolCall, ToolResult
 from .base import MultistepEnv
 
 DEFAULT_ACTIONS = ("1 2 3 4", "Is it alive?", "yes", "7", "hello", "[1]", "Is it a clock?", "left")
@@ -53,10 +59,10 @@ def _record(
 ) -> Iterator[tuple]:
     """Play one episode through the hooks, yielding one record per hook call (so episodes can interleave)."""
     name = type(env).__name__
-    state = env._initialize_episode(session_id, copy.deepcopy(task))
+    state = resolve(env._initialize_episode(session_id, copy.deepcopy(task)))
     step_rewards: list[float] = []
     for step in range(min(env.max_turns, len(actions))):
-        prompt = env._format_prompt(state, step)
+        prompt = resolve(env._format_prompt(state, step))
         if not isinstance(prompt, str):
             problems.append(
                 f"{name}._format_prompt(state, {step}) returned {type(prompt).__name__} ({prompt!r:.60}); "
@@ -64,7 +70,7 @@ def _record(
             )
             return
         yield ("prompt", step, prompt)
-        result = env._step_episode(session_id, state, actions[step])
+        result = resolve(env._step_episode(session_id, state, actions[step]))
         if not (isinstance(result, tuple) and len(result) == 4):
             problems.append(
                 f"{name}._step_episode returned {type(result).__name__} ({result!r:.60}); "
@@ -90,7 +96,7 @@ def _record(
         yield ("step", step, float(reward), done, json.dumps(info, sort_keys=True, default=repr))
         if done:
             break
-    final = env._calculate_reward(state, step_rewards)
+    final = resolve(env._calculate_reward(state, step_rewards))
     if isinstance(final, bool) or not isinstance(final, numbers.Real) or not math.isfinite(final):
         problems.append(f"{name}._calculate_reward returned {final!r}; it must be a finite real number.")
         return
@@ -188,13 +194,23 @@ def check_env(
         )
     tasks = [dict(t) for t in tasks][:num_tasks] if len(tasks) > num_tasks else [dict(t) for t in tasks]
 
-    first, second = env._initialize_episode("fresh0", copy.deepcopy(tasks[0])), None
-    second = env._initialize_episode("fresh1", copy.deepcopy(tasks[0]))
+    first = resolve(env._initialize_episode("fresh0", copy.deepcopy(tasks[0])))
+    second = resolve(env._initialize_episode("fresh1", copy.deepcopy(tasks[0])))
     if first is second and first is not None:
         problems.append(
             f"{name}._initialize_episode returned the same state object twice; return a new object per episode "
             "(episodes of one env run concurrently)."
         )
+
+    if env.toolbox is not None:  # a tool env: _call_tools answers every call with one ToolResult, never raising
+        probe = ToolCall("__check_env_no_such_tool__", {}, id="call_check")
+        state = env._initialize_episode("tools", copy.deepcopy(tasks[0]))
+        answer = env._call_tools("tools", state, [probe])
+        if not (isinstance(answer, list) and len(answer) == 1 and isinstance(answer[0], ToolResult)):
+            problems.append(
+                f"{name}._call_tools returned {answer!r:.80} for one call; it must return one ToolResult per call "
+                "(hf_rollouts.tools.run_tool_calls does)."
+            )
 
     before = _attributes(env)
     alone = [_play(env_cls(tokenizer, config), f"alone{i}", t, actions, problems) for i, t in enumerate(tasks)]

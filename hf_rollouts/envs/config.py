@@ -126,6 +126,20 @@ class EnvConfig:
     chat_template_kwargs: dict | None = option(
         None, "Options for every chat-template render, e.g. {'enable_thinking': false} (see hf_rollouts.chat)."
     )
+    tool_timeout: float | None = option(
+        None, "Tool envs: seconds one tool call may run; past it the model reads a timeout error.", ge=0
+    )
+    max_tool_calls: int | None = option(
+        None, "Tool envs: tool calls per episode; later calls are answered 'not run' (a tool error).", ge=0
+    )
+    max_tool_calls_per_turn: int | None = option(
+        None, "Tool envs: tool calls run per agent turn; the rest are answered 'not run' (a tool error).", ge=1
+    )
+    count_tool_turns: bool = option(
+        True,
+        "Tool envs: tool-call turns count against max_turns (true), or only turns answered by the env do "
+        "(false; then max_tool_calls is required).",
+    )
 
     extra_keys_allowed: ClassVar[bool] = False
     """True when the environment passes undeclared keys on (no unknown-key warning)."""
@@ -163,7 +177,14 @@ class EnvConfig:
             raise EnvConfigError(name, f"env_config[{name!r}] must be <= {meta['le']}, got {value!r}.")
 
     def check(self) -> None:
-        """Rules involving several keys; raise :class:`EnvConfigError`. Default: none."""
+        """Rules involving several keys; raise :class:`EnvConfigError`. Subclasses that override it call
+        ``super().check()``."""
+        if not self.count_tool_turns and self.max_tool_calls is None:
+            raise EnvConfigError(
+                "count_tool_turns",
+                "env_config['count_tool_turns'] = false needs env_config['max_tool_calls']: without either, an "
+                "agent that keeps calling tools would never end its episode.",
+            )
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ ENV_REGISTRY: dict[str, str] = {
     "twenty_questions": "hf_rollouts.envs.twenty_questions.TwentyQuestionsEnv",
     "mastermind": "hf_rollouts.envs.mastermind.MastermindEnv",
     "guess_number": "hf_rollouts.envs.guess_number.GuessNumberEnv",
+    "hidden_function": "hf_rollouts.envs.hidden_function.HiddenFunctionEnv",
 }
 """Short names the CLI accepts; ``textarena:GAME-ID`` is handled by the CLI."""
 
@@ -163,15 +164,18 @@ def validate_tasks(
             warnings.warn(f"row {i}: {unknown_keys_message(cls, unknown)}", UnknownConfigKeyWarning, stacklevel=2)
         for model_key in cls.model_config_keys:
             value = config.get(model_key)
-            if value is not None and not isinstance(value, str):
+            specs = value if isinstance(value, list) else [value]  # a spec, or a list of them (MCP servers)
+            bad = next((v for v in specs if v is not None and not isinstance(v, str)), None)
+            if bad is not None:
                 raise TaskValidationError(
                     f"row {i}, field 'env_config', key {model_key!r}: a model/endpoint spec must be a str, got "
-                    f"{type(value).__name__} {value!r:.80}."
+                    f"{type(bad).__name__} {bad!r:.80}."
                 )
-            if value is not None and value not in allowed_models:
+            value = next((v for v in specs if v is not None and v not in allowed_models), None)
+            if value is not None:
                 raise TaskValidationError(
-                    f"row {i}: field 'env_config' names a model/endpoint in {model_key!r}: {value!r}. Loading or "
-                    f"calling it is not allowed by default. If you trust it, allow it: allowed_env_models=[{value!r}] "
-                    f"(CLI: --allow-env-model '{value}')."
+                    f"row {i}: field 'env_config' names a model, endpoint or server in {model_key!r}: {value!r}. "
+                    "Loading, starting or calling it is not allowed by default. If you trust it, allow it: "
+                    f"allowed_env_models=[{value!r}] (CLI: --allow-env-model '{value}')."
                 )
     return classes

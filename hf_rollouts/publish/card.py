@@ -118,8 +118,12 @@ def render_card(
     load_path: str = "path/or/repo_id",
     pretty_name: str | None = None,
     license: str = "apache-2.0",
+    run_options: dict[str, Any] | None = None,
 ) -> DatasetCard:
-    """Render the card of rollout dataset ``ds`` (use ``card.save(path)`` or ``card.push_to_hub(repo_id)``)."""
+    """Render the card of rollout dataset ``ds`` (use ``card.save(path)`` or ``card.push_to_hub(repo_id)``).
+
+    ``run_options``: the run's other settings (:class:`~hf_rollouts.pipeline.RolloutOptions` as a dict, e.g.
+    ``batch_size``, ``env_workers``, time limits), shown beside the seed."""
     stats = compute_stats(ds)
     configs: Counter[tuple[str, str]] = Counter(
         (p, json.dumps(c, sort_keys=True)) for p, c in zip(ds["env_class_path"], ds["env_config"])
@@ -148,6 +152,7 @@ def render_card(
         env_configs=env_config_tables([(p, json.loads(c)) for p, c in sorted(configs)]),
         agent={k: json.dumps(v) if not isinstance(v, str) else v for k, v in agent_info.items()},
         seed=seed,
+        run_options={k: json.dumps(v) for k, v in (run_options or {}).items() if k not in ("seed", "num_rollouts")},
         stats=stats,
         stats_table=stats.table(),
         columns=[

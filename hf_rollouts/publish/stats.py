@@ -35,6 +35,11 @@ class RolloutStats:
     truncated: int
     errors: int
     environments: dict[str, int]
+    tool_calls: int = 0
+    tool_errors: int = 0
+    rollouts_with_tool_calls: int = 0
+    tool_statuses: dict[str, int] | None = None
+    mean_tool_seconds: float = math.nan
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -51,6 +56,21 @@ class RolloutStats:
             ("turns cut by the token budget", f"{self.cut_turns}"),
             ("tokens per episode", f"{self.mean_tokens:.1f} ({self.mean_agent_tokens:.1f} sampled by the agent)"),
             ("status counts", f"done {self.done}, truncated {self.truncated}, error {self.errors}"),
+        ] + self._tool_rows()
+
+    def _tool_rows(self) -> list[tuple[str, str]]:
+        if not self.tool_calls:
+            return []
+        statuses = ", ".join(f"{k} {v}" for k, v in sorted((self.tool_statuses or {}).items()))
+        return [
+            (
+                "tool calls",
+                f"{self.tool_calls} ({self.tool_calls / max(self.rollouts, 1):.2f} per episode; "
+                f"{self.rollouts_with_tool_calls} episodes called a tool)",
+            ),
+            ("tool errors", f"{self.tool_errors} ({self.tool_errors / self.tool_calls:.1%} of calls)"),
+            ("tool call statuses", statuses),
+            ("seconds per tool call", f"{self.mean_tool_seconds:.4f} (mean)"),
         ]
 
 
@@ -87,6 +107,7 @@ def compute_stats(ds: Dataset) -> RolloutStats:
             agent_tokens.append(sum(ag))
             solved_any |= s == "done" and r is not None and not math.isnan(r) and r > 0
         task_solved.append(solved_any)
+    tools = _tool_stats(ds)
     r = np.array([x for x in rewards if x is not None and not math.isnan(x)], dtype=np.float64)
     solved = [s == "done" and x is not None and not math.isnan(x) and x > 0 for s, x in zip(statuses, rewards)]
     count = Counter(statuses)
@@ -106,4 +127,24 @@ def compute_stats(ds: Dataset) -> RolloutStats:
         truncated=count.get("truncated", 0),
         errors=count.get("error", 0),
         environments=dict(envs),
+        **tools,
     )
+
+
+def _tool_stats(ds: Dataset) -> dict[str, Any]:
+    """Tool-use counts over every rollout (empty when the dataset has no tool columns)."""
+    if "num_tool_calls" not in ds.column_names:
+        return {}
+    calls = [n for row in ds["num_tool_calls"] for n in row]
+    errors = sum(n for row in ds["num_tool_errors"] for n in row)
+    records = (
+        [r for row in ds["tool_calls"] for rollout in row for r in rollout] if "tool_calls" in ds.column_names else []
+    )
+    seconds = [r["seconds"] for r in records if r["status"] != "not_run"]
+    return {
+        "tool_calls": int(sum(calls)),
+        "tool_errors": int(errors),
+        "rollouts_with_tool_calls": sum(1 for n in calls if n),
+        "tool_statuses": dict(Counter(r["status"] for r in records)),
+        "mean_tool_seconds": float(np.mean(seconds)) if seconds else math.nan,
+    }

@@ -2,17 +2,18 @@
 
 :func:`episode_steps` is the whole loop on one screen, written as a generator: it yields
 each :class:`~hf_rollouts.types.AgentRequest` and is sent back the agent's
-``(action, agent_state)``, so a scheduler can advance many episodes from one thread and
-answer their requests in any order (:mod:`.scheduler`). :func:`run_episode` drives it with
-one agent, synchronously. The loop talks to the environment only through the hooks of
-:class:`EpisodeEnv` (what :class:`~hf_rollouts.envs.base.MultistepEnv` implements); every
-token goes through an :class:`~.recorder.EpisodeRecorder`.
+``(action, agent_state)``, so a scheduler can advance many episodes from a few threads and
+answer their requests in any order (:mod:`.scheduler`). A hook may be ``async def``: the
+loop then yields a :class:`HookAwait` and is sent back the awaited result. :func:`run_episode`
+drives it with one agent, synchronously. The loop talks to the environment only through the
+hooks of :class:`EpisodeEnv` (what :class:`~hf_rollouts.envs.base.MultistepEnv` implements);
+every token goes through an :class:`~.recorder.EpisodeRecorder`.
 
 Statuses: the environment ended the game → ``done``; ``max_turns`` or
 ``max_episode_tokens`` ran out first → ``truncated``; an exception → ``error`` with its
 message, the partial trajectory and a NaN final reward (``on_error="raise"`` re-raises).
-Each hook call is announced to an optional :class:`HookClock`, which a watchdog reads to
-enforce ``step_timeout``.
+Each hook call is timed by the episode's :class:`HookClock`, which the scheduler's watchdog
+reads to enforce ``step_timeout`` and ``episode_timeout``.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Generator
+from functools import partial
 from typing import Any, Protocol
 
 from ..agents.base import Agent
 from ..chat import ChatDelta
-from ..seeding import derive_seed
-from ..types import Action, AgentRequest, Episode
+from ..types import AgentRequest, Episode
+from .aio import resolve
 from .recorder import EpisodeRecorder
+from .tool_loop import agent_turn, turns_left
 
 ON_ERROR = ("record", "raise")
 
@@ -48,25 +51,74 @@ class EpisodeEnv(Protocol):
 
 
 class HookClock:
-    """Which env hook is running since when (read by the scheduler's watchdog). One per driver thread."""
+    """What an episode is doing that counts against its time limits, and the time it has used.
 
-    __slots__ = ("hook", "since")
+    ``activity`` names the charged activity running now (an env hook, or ``"agent"`` while the agent answers
+    the episode's request) and ``since`` when it began; ``used`` is the seconds of finished activities. Time an
+    episode spends waiting for its turn (for a worker thread, for a batch to form, behind other episodes) is
+    never charged. ``alarm`` (set by the scheduler for episodes with an ``episode_timeout``) is told when an
+    activity begins, so the watchdog can wake before the episode's remaining budget runs out.
+    """
+
+    __slots__ = ("activity", "since", "used", "alarm", "cancelled", "lock")
 
     def __init__(self) -> None:
-        self.hook: str | None = None
+        self.activity: str | None = None
         self.since = 0.0
+        self.used = 0.0
+        self.alarm: Any = None
+        self.cancelled = False  # set by the scheduler when it gave up on the episode: stop at the next hook
+        self.lock: Any = None  # an env with thread_safe_hooks = False: its lock, held around each hook call
+
+    def begin(self, activity: str) -> None:
+        self.activity, self.since = activity, time.monotonic()
+        if self.alarm is not None:
+            self.alarm(self)
+
+    def end(self) -> None:
+        self.used += time.monotonic() - self.since
+        self.activity = None
+
+    def elapsed(self, now: float) -> float:
+        """Seconds charged to the episode so far (finished activities and the running one)."""
+        return self.used + (now - self.since if self.activity is not None else 0.0)
 
     def call(self, hook: str, fn: Any, *args: Any) -> Any:
-        self.hook, self.since = hook, time.monotonic()
+        self.begin(hook)
         try:
-            return fn(*args)
+            if self.lock is None:
+                return fn(*args)
+            with self.lock:  # waiting for it counts as the hook's time (it stands for the env's own work)
+                return fn(*args)
         finally:
-            self.hook = None
+            self.end()
+            if self.cancelled:
+                raise EpisodeCancelled(f"{hook} returned after its episode was ended")
 
 
-_NO_CLOCK = HookClock()
+class EpisodeCancelled(Exception):
+    """The scheduler ended the episode (a time limit) while one of its hooks ran; the hook's result is dropped."""
 
-Steps = Generator[AgentRequest, "tuple[Action, Any]", Episode]
+
+class HookAwait:
+    """What an episode yields when an env hook returned an awaitable (an ``async def`` hook): the scheduler awaits
+    it on the engine's loop (:mod:`.aio`) and sends back its result (or throws its exception)."""
+
+    __slots__ = ("hook", "awaitable")
+
+    def __init__(self, hook: str, awaitable: Any) -> None:
+        self.hook, self.awaitable = hook, awaitable
+
+
+Steps = Generator["AgentRequest | HookAwait", Any, Episode]
+
+
+def _hook(clock: HookClock, name: str, fn: Any, *args: Any) -> Generator[HookAwait, Any, Any]:
+    """Call env hook ``fn`` (timed by ``clock``); if it returns an awaitable, yield it and return its result."""
+    result = clock.call(name, fn, *args)
+    if hasattr(result, "__await__"):  # inspect.isawaitable, at a third of the cost (every hook call pays it)
+        result = yield HookAwait(name, result)
+    return result
 
 
 def episode_steps(
@@ -75,37 +127,43 @@ def episode_steps(
     task_data: dict[str, Any],
     *,
     on_error: str = "record",
-    clock: HookClock = _NO_CLOCK,
+    clock: HookClock | None = None,
     recorder: EpisodeRecorder | None = None,
     seed: int | None = None,
 ) -> Steps:
     """Play one episode of ``task_data``: yield each agent request, receive ``(action, agent_state)``, return the
-    unpadded :class:`~hf_rollouts.types.Episode`. An exception thrown into the generator at a ``yield`` (the
-    agent failed) is recorded like any other. ``recorder`` lets the caller keep a handle on the episode's tokens
-    (to record a partial trajectory if a hook never returns). With ``seed`` (the episode's), turn ``t``'s request
-    carries the sampling seed ``derive_seed(seed, t)``."""
+    unpadded :class:`~hf_rollouts.types.Episode`. A hook that returns an awaitable makes the episode yield a
+    :class:`HookAwait` and receive its result. An exception thrown into the generator at a ``yield`` (the agent or
+    an async hook failed) is recorded like any other. ``recorder`` lets the caller keep a handle on the episode's
+    tokens (to record a partial trajectory if a hook never returns). With ``seed`` (the episode's), turn ``t``'s
+    request carries the sampling seed ``derive_seed(seed, t)``."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     rec = recorder if recorder is not None else EpisodeRecorder(env.chat, env.reward_placement)
-    hook = clock.call
+    clock = clock if clock is not None else HookClock()
+    clock.lock = getattr(env, "hooks_lock", None)
+    rec.tools = rec.tools or getattr(env, "tool_turns", None)  # set by an env with executable tools
+    hook = partial(_hook, clock)  # called as `yield from hook(name, fn, *args)`
     try:
-        state = hook("_initialize_episode", env._initialize_episode, session_id, task_data)
+        state = yield from hook("_initialize_episode", env._initialize_episode, session_id, task_data)
         agent_state, step_rewards, done = None, [], False
-        system = env.env_config.get("system_prompt") or hook("_system_prompt", env._system_prompt, state)
+        system = env.env_config.get("system_prompt") or (yield from hook("_system_prompt", env._system_prompt, state))
         for step in range(env.max_turns):
-            prompt = hook("_format_prompt", env._format_prompt, state, step)
+            if not turns_left(env, rec):  # tool-call turns count against max_turns
+                break
+            prompt = yield from hook("_format_prompt", env._format_prompt, state, step)
             rec.add_env_message(prompt, system=system if step == 0 else None)
             if env.max_episode_tokens and len(rec.ids) >= env.max_episode_tokens:
                 break
-            turn_seed = None if seed is None else derive_seed(seed, step)
-            action, agent_state = yield rec.request(agent_state, session_id, turn_seed)
-            text = rec.add_action(action)
-            state, reward, done, info = hook("_step_episode", env._step_episode, session_id, state, text)
+            text, agent_state = yield from agent_turn(env, rec, hook, session_id, state, agent_state, seed)
+            if text is None:  # a tool limit ended the episode
+                break
+            state, reward, done, info = yield from hook("_step_episode", env._step_episode, session_id, state, text)
             rec.reward_turn(reward, info)
             step_rewards.append(float(reward))
             if done:
                 break
-        final = hook("_calculate_reward", env._calculate_reward, state, step_rewards)
+        final = yield from hook("_calculate_reward", env._calculate_reward, state, step_rewards)
         return rec.finish("done" if done else "truncated", final)
     except Exception as exc:
         if on_error == "raise":
@@ -122,13 +180,14 @@ def run_episode(
     on_error: str = "record",
     seed: int | None = None,
 ) -> Episode:
-    """Play one episode synchronously with ``agent``; return it unpadded (see the module docstring)."""
+    """Play one episode synchronously with ``agent``; return it unpadded (see the module docstring). Async hooks are
+    awaited on the engine's loop (:func:`~.aio.resolve`)."""
     steps = episode_steps(env, session_id, task_data, on_error=on_error, seed=seed)
     try:
         request = next(steps)
         while True:
             try:
-                answer = agent.act(request)
+                answer = resolve(request.awaitable) if isinstance(request, HookAwait) else agent.act(request)
             except Exception as exc:
                 request = steps.throw(exc)
             else:

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from ..agents.base import Agent
 from ..seeding import derive_seed
 from ..types import Action, AgentRequest, reward_rule_violation
-from .episode import Steps
+from .episode import HookClock, Steps
 
 
 class PlaysEpisodes(Protocol):
@@ -62,9 +62,10 @@ def episode_jobs(
     ]
 
 
-def custom_door(job: EpisodeJob, on_error: str) -> Steps:
+def custom_door(job: EpisodeJob, on_error: str, clock: HookClock) -> Steps:
     """An env that overrides ``_run_complete_episode``: run the override in a thread of its own, and yield the
-    requests it makes so the engine answers them like any other."""
+    requests it makes so the engine answers them like any other. The override's work between two requests is
+    timed by ``clock`` as one hook, ``_run_complete_episode``."""
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     outbox: queue.SimpleQueue = queue.SimpleQueue()
 
@@ -89,7 +90,7 @@ def custom_door(job: EpisodeJob, on_error: str) -> Steps:
 
     threading.Thread(target=play, name=f"hf-rollouts-{job.session_id}", daemon=True).start()
     while True:
-        kind, value = outbox.get()
+        kind, value = clock.call("_run_complete_episode", outbox.get)
         if kind == "done":
             problem = reward_rule_violation(value["status"], value["final_reward"], value["per_token_rewards"])
             if problem:  # the engine's own episodes pass through the recorder, which enforces the rule

@@ -6,7 +6,10 @@ sequence, so the token-level contracts are enforced in one spot:
 * environment text enters as chat-template deltas (:class:`~hf_rollouts.chat.ChatDelta`);
 * agent ids enter exactly as the agent sampled them (a text-only agent's text is
   tokenized once, inside the template's assistant framing);
-* a step's reward is put on that step's agent tokens (see :data:`REWARD_PLACEMENTS`).
+* a step's reward is put on that step's agent tokens (see :data:`REWARD_PLACEMENTS`);
+* in a tool environment, the calls of a turn that ended on an end token are parsed from its ids decoded
+  with special tokens (:meth:`EpisodeRecorder.tool_calls`), and their results enter as one tool-result
+  delta (:meth:`EpisodeRecorder.add_tool_results`), marked in the tool mask; each call is recorded.
 
 It also refuses what would be stored silently wrong, by raising before anything is
 appended (the episode loop then records the episode as ``error`` with the message):
@@ -22,13 +25,15 @@ appended (the episode loop then records the episode as ``error`` with the messag
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from collections.abc import Sequence
 from typing import Any
 
 from ..chat import ChatDelta
-from ..types import Action, AgentRequest, Episode, Message, Status, Turn
+from ..chat.tool_turns import ToolTurns
+from ..types import Action, AgentRequest, Episode, Message, Status, ToolCall, ToolResult, Turn
 
 REWARD_PLACEMENTS = ("last", "spread")
 """How a step reward lands on tokens. ``"last"`` (default): the whole reward on
@@ -68,10 +73,11 @@ def _check_reward(value: Any, what: str) -> float:
 class EpisodeRecorder:
     """Builds one :class:`~hf_rollouts.types.Episode` turn by turn."""
 
-    def __init__(self, chat: ChatDelta, reward_placement: str = "last") -> None:
+    def __init__(self, chat: ChatDelta, reward_placement: str = "last", tools: ToolTurns | None = None) -> None:
         if reward_placement not in REWARD_PLACEMENTS:
             raise ValueError(f"reward_placement must be one of {REWARD_PLACEMENTS}, got {reward_placement!r}")
         self.chat = chat
+        self.tools = tools  # set for an env with executable tools: turns are parsed for calls
         self.reward_placement = reward_placement
         self.ids: list[int] = []
         self.mask: list[int] = []
@@ -84,12 +90,22 @@ class EpisodeRecorder:
         self._last_agent_ids: list[int] = []
         self._last_ended = False  # did the last agent turn end with an end-of-turn token (see ChatDelta)
         self.cut_turns = 0  # agent turns that hit the token budget before an end-of-turn token
+        self.tool_mask: list[int] = []
+        self.tool_records: list[dict[str, Any]] = []
+        self.num_tool_calls = 0
+        self.num_tool_errors = 0
 
     def _append(
-        self, ids: Sequence[int], agent: bool, logprobs: Sequence[float] | None = None, sampled: bool = False
+        self,
+        ids: Sequence[int],
+        agent: bool,
+        logprobs: Sequence[float] | None = None,
+        sampled: bool = False,
+        tool: bool = False,
     ) -> None:
         self.ids.extend(ids)
         self.mask.extend([int(agent)] * len(ids))
+        self.tool_mask.extend([int(tool)] * len(ids))
         self.sampled.extend([int(sampled)] * len(ids))
         self.rewards.extend([0.0] * len(ids))
         if logprobs is not None:
@@ -185,6 +201,62 @@ class EpisodeRecorder:
         self.cut_turns += int(not action.stopped)
         return action.text
 
+    def tool_calls(self) -> tuple[str, list[ToolCall]]:
+        """The content and tool calls of the last agent turn, ``("", [])`` when there are none to run: the env has
+        no executable tools, or the turn did not end on an end token (a call cut by the token budget is never
+        run). Parsed from the turn's ids decoded *with* special tokens, without the end token
+        (:mod:`hf_rollouts.chat.tool_calls`); each call gets its id (the model's own, or generated)."""
+        fmt = self.tools.format if self.tools is not None else None
+        ids = self._last_agent_ids
+        if fmt is None or not self._last_ended or not ids:
+            return "", []
+        text = self.chat.tokenizer.decode(ids[:-1], skip_special_tokens=False)
+        end = self.chat.tokenizer.convert_ids_to_tokens(ids[-1])
+        content, calls = fmt.parse(text, end)
+        turn = len(self.turns) - 1
+        return content, [
+            ToolCall(c.name, c.arguments, fmt.call_id(c.id, turn, i), c.raw, c.error) for i, c in enumerate(calls)
+        ]
+
+    def _record_calls(self, content: str, results: list[ToolResult]) -> None:
+        """The last assistant message carries the calls; each call is recorded and counted."""
+        turn = len(self.turns) - 1
+        message = {"role": "assistant", "content": content, "tool_calls": []}
+        for r in results:
+            c = r.call
+            arguments = json.dumps(c.arguments, ensure_ascii=False) if c.arguments is not None else c.raw
+            message["tool_calls"].append(
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments}}
+            )
+            record = {"turn": turn, "name": c.name, "arguments": arguments, "status": r.status, "seconds": r.seconds}
+            self.tool_records.append(record)
+            self.num_tool_calls += 1
+            self.num_tool_errors += int(r.failed)
+        self.messages[-1] = message
+
+    def add_tool_results(self, content: str, results: list[ToolResult]) -> None:
+        """Append the results of the last turn's calls as one tool-result delta (environment tokens, tool mask 1):
+        the ``tool`` messages rendered by the model's template after the turn's end token, and the generation
+        prompt (:class:`~hf_rollouts.chat.tool_turns.ToolTurns`). ``content``: the turn's text outside its calls.
+
+        Raises :class:`EnvOutputError` (nothing appended) when a result's content is not a ``str``."""
+        for r in results:
+            if not isinstance(r.content, str):
+                raise EnvOutputError(
+                    f"tool call {r.call.name!r} answered {type(r.content).__name__} {_show(r.content)}; a "
+                    "ToolResult's content must be a str."
+                )
+        assert self.tools is not None, "add_tool_results needs the env's ToolTurns"
+        calls = [r.call for r in results]
+        delta = self.tools.result_ids(calls, [r.content for r in results])
+        self._record_calls(content, results)
+        self.messages.extend(self.tools.tool_messages(calls, [r.content for r in results]))
+        self._append(delta, agent=False, tool=True)
+
+    def record_unanswered(self, content: str, results: list[ToolResult]) -> None:
+        """Record the last turn's calls without appending anything (the episode ends before a result is read)."""
+        self._record_calls(content, results)
+
     def reward_turn(self, reward: float, info: dict[str, Any] | None = None) -> None:
         """Record the reward of the last turn on its agent tokens (see :data:`REWARD_PLACEMENTS`).
 
@@ -213,9 +285,13 @@ class EpisodeRecorder:
     def snapshot_error(self, error: str) -> Episode:
         """An ``error`` episode from a *copy* of what is recorded so far, for an episode abandoned while one of its
         hooks still runs in another thread (which may go on appending to this recorder)."""
-        n = min(len(self.ids), len(self.mask), len(self.sampled), len(self.rewards), len(self.logprobs))
+        n = min(
+            len(self.ids), len(self.mask), len(self.sampled), len(self.rewards), len(self.logprobs), len(self.tool_mask)
+        )
         copy = EpisodeRecorder(self.chat, self.reward_placement)
         copy.ids, copy.mask, copy.sampled = self.ids[:n], self.mask[:n], self.sampled[:n]
+        copy.tool_mask, copy.tool_records = self.tool_mask[:n], list(self.tool_records)
+        copy.num_tool_calls, copy.num_tool_errors = self.num_tool_calls, self.num_tool_errors
         copy.rewards, copy.logprobs, copy.any_logprobs = self.rewards[:n], self.logprobs[:n], self.any_logprobs
         copy.messages = list(self.messages)
         copy.turns = [t for t in self.turns if t.end <= n]
@@ -245,6 +321,10 @@ class EpisodeRecorder:
             num_cut_turns=self.cut_turns,
             messages=self.messages,
             turns=self.turns,
+            tool_token_mask=self.tool_mask,
+            num_tool_calls=self.num_tool_calls,
+            num_tool_errors=self.num_tool_errors,
+            tool_calls=self.tool_records,
         )
         episode.check()
         return episode

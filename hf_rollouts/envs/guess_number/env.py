@@ -26,6 +26,7 @@ class GuessNumberConfig(EnvConfig):
     high: int = option(10, "Largest possible target.")
 
     def check(self) -> None:
+        super().check()
         if self.low > self.high:
             raise EnvConfigError("high", f"guess_number needs low <= high, got low={self.low}, high={self.high}.")
 

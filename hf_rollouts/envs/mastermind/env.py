@@ -40,6 +40,7 @@ class MastermindConfig(EnvConfig):
     invalid_penalty: float = option(0.0, "Subtracted as the step reward of a malformed guess.")
 
     def check(self) -> None:
+        super().check()
         if not self.allow_duplicates and self.code_length > self.num_symbols:
             raise EnvConfigError(
                 "allow_duplicates",

@@ -53,6 +53,7 @@ class TwentyQuestionsConfig(EnvConfig):
     gamemaster_system_prompt: str | None = option(None, "With gamemaster 'agent': template with {solution}.")
 
     def check(self) -> None:
+        super().check()
         if self.gamemaster == "agent" and not self.gamemaster_model:
             raise EnvConfigError(
                 "gamemaster_model",

@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerBase
 from ...agents.base import Agent
 from ...envs.base import MultistepEnv
 from ...envs.registry import validate_tasks
-from ...rollout import episode_jobs, run_episodes
+from ...rollout import DEFAULT_ENV_WORKERS, episode_jobs, run_episodes
 from ...schema import TaskValidationError, to_task_dataset
 from .agents import TrainerPolicyAgent, TRLSampling, VLLMServerAgent, generation_mode, stop_token_ids, vllm_client
 from .dataset import task_from_prompt
@@ -39,6 +39,9 @@ class TRLRolloutOptions:
         default=None, metadata={"help": "Seconds per episode; default for env_config['episode_timeout']."}
     )
     max_concurrency: int | None = field(default=None, metadata={"help": "Cap on episodes alive at once."})
+    env_workers: int = field(
+        default=DEFAULT_ENV_WORKERS, metadata={"help": "Worker threads that run sync env hooks at once."}
+    )
 
     def __post_init__(self) -> None:
         self.allowed_env_modules = tuple(self.allowed_env_modules)
@@ -96,6 +99,7 @@ class RolloutFunc:
             "on_error": "record",
             "step_timeout": o.step_timeout,  # env_config's own limits win (see hf_rollouts.rollout.scheduler)
             "episode_timeout": o.episode_timeout,
+            "env_workers": o.env_workers,
         }
 
     def _env(self, tokenizer: PreTrainedTokenizerBase, task: dict[str, Any], where: str) -> MultistepEnv:
