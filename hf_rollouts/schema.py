@@ -183,6 +183,25 @@ ROLLOUT_FEATURES = Features({c.name: c.feature for c in ROLLOUT_COLUMNS})
 whose agent gave no log-probabilities (NaN marks agent tokens of single turns without
 them). ``final_rewards`` is NaN for ``status == "error"``."""
 
+
+def _has_struct(feature: Any) -> bool:
+    if isinstance(feature, dict):
+        return True
+    inner = getattr(feature, "feature", None)
+    return inner is not None and _has_struct(inner)
+
+
+_STRUCT_FEATURES = Features({name: f for name, f in ROLLOUT_FEATURES.items() if _has_struct(f)})
+
+
+def complete_structs(columns: dict[str, list]) -> dict[str, list]:
+    """``columns`` with every struct (a conversation message, a tool call record) carrying all of its declared keys
+    (``None`` where absent), as Arrow gives them back: a streaming ``IterableDataset.map`` hands the map function's
+    dicts on as they are, and its rows must equal the stored ones."""
+    present = {name: columns[name] for name in _STRUCT_FEATURES if name in columns}
+    return {**columns, **Features({n: _STRUCT_FEATURES[n] for n in present}).encode_batch(present)}
+
+
 COLUMN_HELP = {**TASK_COLUMN_HELP, **{c.name: c.help for c in ROLLOUT_COLUMNS}}
 TRAINING_COLUMNS = tuple(c.name for c in ROLLOUT_COLUMNS if c.training)
 

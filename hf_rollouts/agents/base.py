@@ -50,6 +50,11 @@ class Agent(ABC):
                 out.append(exc)
         return out
 
+    recipe: Any = None
+    """How to build this agent again in another process (:class:`~hf_rollouts.agents.loading.AgentRecipe`), or
+    ``None``. :func:`~hf_rollouts.agents.loading.load_agent` sets it; executors that run shards elsewhere (Ray) use
+    it when no recipe is given to them."""
+
     answers_per_request: bool = False
     """``True`` for agents that answer each request on its own (an inference server): the scheduler then
     :meth:`submit` s each request as soon as its episode produces it, instead of batching with :meth:`act_batch`."""

@@ -122,13 +122,6 @@ def validate_tasks(
     one :class:`~hf_rollouts.envs.config.UnknownConfigKeyWarning` per env class and key set,
     naming the first row. Returns the resolved classes by path.
     """
-    allowed = check_allowed_env_modules(allowed_env_modules)
-    if isinstance(allowed_env_models, (str, bytes)):
-        raise TaskValidationError(
-            f"allowed_env_models must be a list of model/endpoint specs, got the string {allowed_env_models!r}; "
-            f"pass [{allowed_env_models!r}]."
-        )
-    allowed_models = {m for m in allowed_env_models if isinstance(m, str)}
     missing = [c for c in TASK_COLUMNS if c not in tasks.column_names]
     if missing:
         raise TaskValidationError(
@@ -136,11 +129,37 @@ def validate_tasks(
             "Each row needs env_class_path (str), env_config (dict) and task_data (dict); "
             "build rows with an env's get_train_dataset() or hf_rollouts.schema.TASK_FEATURES."
         )
+    columns = tasks.select_columns(list(TASK_COLUMNS))[:]  # decoded in one pass, not row by row
+    return validate_task_rows(columns, allowed_env_modules, allowed_env_models)
+
+
+def validate_task_rows(
+    columns: dict[str, list],
+    allowed_env_modules: Iterable[str] = (),
+    allowed_env_models: Iterable[str] = (),
+    *,
+    first_row: int = 0,
+) -> dict[str, type[MultistepEnv]]:
+    """:func:`validate_tasks` on decoded task columns (``{name: [value per row]}``, e.g. a ``Dataset.map`` batch)
+    whose first row is row ``first_row`` of the dataset; messages name rows by that absolute index."""
+    allowed = check_allowed_env_modules(allowed_env_modules)
+    if isinstance(allowed_env_models, (str, bytes)):
+        raise TaskValidationError(
+            f"allowed_env_models must be a list of model/endpoint specs, got the string {allowed_env_models!r}; "
+            f"pass [{allowed_env_models!r}]."
+        )
+    allowed_models = {m for m in allowed_env_models if isinstance(m, str)}
+    missing = [c for c in TASK_COLUMNS if c not in columns]
+    if missing:
+        raise TaskValidationError(
+            f"task rows are missing column(s) {missing}; they have {sorted(columns)}. "
+            "Each row needs env_class_path (str), env_config (dict) and task_data (dict); "
+            "build rows with an env's get_train_dataset() or hf_rollouts.schema.TASK_FEATURES."
+        )
     classes: dict[str, type[MultistepEnv]] = {}
     checked: set[tuple[str, str]] = set()
     warned: set[tuple[str, tuple[str, ...]]] = set()
-    columns = tasks.select_columns(list(TASK_COLUMNS))[:]  # decoded in one pass, not row by row
-    for i, values in enumerate(zip(*(columns[c] for c in TASK_COLUMNS))):
+    for i, values in enumerate(zip(*(columns[c] for c in TASK_COLUMNS)), start=first_row):
         row = dict(zip(TASK_COLUMNS, values))
         for field in ("env_config", "task_data"):
             if not isinstance(row[field], dict):

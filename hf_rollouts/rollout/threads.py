@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import queue
 import sys
 import threading
@@ -23,6 +24,12 @@ class DriverThreads:
     """
 
     def __init__(self) -> None:
+        self._reset()
+        if hasattr(os, "register_at_fork"):  # threads do not survive a fork (Dataset.map(num_proc=N) forks)
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        """Forget every thread: in a forked child, handing a run to the parent's idle threads would wait forever."""
         self._lock = threading.Lock()
         self._idle: list[queue.SimpleQueue] = []
         self._count = 0

@@ -301,7 +301,7 @@ class TransformersAgent(Agent):
             max_new_tokens=s.max_new_tokens,
             eos_token_id=self.stop_ids,
             pad_token_id=self.tokenizer.pad_token_id,
-            output_logits=True,
+            output_logits=not seeded or s.temperature == 0,  # a RowSampler reports its own log-probs
             return_dict_in_generate=True,
         )
 

@@ -16,7 +16,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from ...types import AgentRequest
-from .kv_cache import KVState, extend, left_pad
+from .kv_cache import GrowingCache, KVState, extend, kv_reuse_unsafe_reason, left_pad
 from .sampler import RowSampler
 
 Sampled = list[tuple[list[int], list[float]]]
@@ -42,13 +42,18 @@ def generate_padded(
     prefills only each episode's new ids. With ``keep_kv`` the new cache is returned for the
     next turn; ``stop_len`` gives how many sampled ids of a row are real (up to its stop).
     With ``sampler`` (:class:`~.sampler.RowSampler`, for a greedy ``config``) each row samples from the
-    random stream of its own seed; without it ``config`` samples with torch's global generator.
+    random stream of its own seed, and the sampler reports the log-probabilities (``config`` need not ask for
+    ``output_logits``); without it ``config`` samples with torch's global generator and must set
+    ``output_logits=True``. A fresh prefill of a full-attention model gets a
+    :class:`~.kv_cache.GrowingCache` (in-place decode steps); other models get ``generate``'s own cache.
     """
     device = model.device
     prompts = [r.prompt_token_ids for r in requests]
     cache = None
     if rows is None:
         input_ids, attention = left_pad(prompts, pad_id, device)
+        if kv_reuse_unsafe_reason(model) is None:
+            cache = GrowingCache()
     else:
         input_ids, attention, cache = extend(kv, rows, prompts, pad_id, device)
     width = input_ids.shape[1]
@@ -60,10 +65,15 @@ def generate_padded(
         logits_processor=None if sampler is None else [sampler],
     )
     new = out.sequences[:, width:]
-    logits = torch.stack(out.logits, dim=1).float()  # [batch, new, vocab]
-    if temperature > 0:
-        logits = logits / temperature
-    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1).cpu()
+    if sampler is not None:
+        logprobs = torch.stack(sampler.logprobs, dim=1).cpu()  # [batch, new]: the sampler's own
+    else:
+        logits = torch.stack(out.logits, dim=1).float()  # [batch, new, vocab]
+        if temperature > 0:
+            logits = logits / temperature
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1).cpu()
+    if logprobs.shape != new.shape:
+        raise RuntimeError(f"generate returned {tuple(new.shape)} new ids but {tuple(logprobs.shape)} log-probs.")
     new = new.cpu()
     results = [(new[i].tolist(), logprobs[i].tolist()) for i in range(len(prompts))]
     if not keep_kv:

@@ -4,6 +4,11 @@ Between turns only each episode's new ids (the environment's delta) need a prefi
 previous call's cache already holds everything before. Reuse is exact for full attention,
 which ignores masked keys; the kept cache has masked columns (holes between episodes'
 deltas, ids sampled after a stop), so sliding windows and recurrent state rule it out.
+
+The cache itself is a :class:`GrowingCache` where that is exact (the same models): transformers'
+``DynamicCache`` appends each decode step with ``torch.cat``, copying every layer's whole cache once per
+new token (for SmolLM2-135M at batch 32 and 400 cached positions, about 0.6 GB of copies per step, ~15% of a
+decode step on CPU); a :class:`GrowingCache` writes each step in place into spare capacity.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any
 
 import torch
 from transformers import PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from ...types import AgentRequest
 
@@ -93,3 +99,82 @@ def extend(
         input_ids, attention = input_ids[index], attention[index]
     block, block_mask = left_pad([p[len(state.seen[r]) :] for p, r in zip(prompts, rows)], pad_id, device)
     return torch.cat([input_ids, block], 1), torch.cat([attention, block_mask], 1), cache
+
+
+class GrowingLayer(DynamicLayer):
+    """A full-attention layer cache that keeps spare capacity and writes new keys/values in place.
+
+    ``keys``/``values`` are views ``[batch, heads, :length, head_dim]`` of buffers with room for more columns;
+    the buffers grow by half (at least 64 columns) when full, so a decode step costs a write of one column
+    instead of a copy of the whole cache. The values attention sees are exactly those of a ``DynamicLayer``.
+    """
+
+    _GROW_MIN = 64
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        self._n = 0
+
+    def _views(self) -> None:
+        self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = self._n + key_states.shape[-2]
+        capacity = 0 if self._k is None else self._k.shape[-2]
+        if n > capacity:
+            capacity = max(n + self._GROW_MIN, capacity + capacity // 2)
+            k = key_states.new_empty((*key_states.shape[:2], capacity, key_states.shape[-1]))
+            v = value_states.new_empty((*value_states.shape[:2], capacity, value_states.shape[-1]))
+            if self._n:
+                k[:, :, : self._n] = self._k[:, :, : self._n]
+                v[:, :, : self._n] = self._v[:, :, : self._n]
+            self._k, self._v = k, v
+        self._k[:, :, self._n : n] = key_states
+        self._v[:, :, self._n : n] = value_states
+        self._n = n
+        self._views()
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self._n:
+            self._k, self._v = self._k[indices], self._v[indices]
+            self._views()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self._n:
+            self._k = self._k.repeat_interleave(repeats, dim=0)
+            self._v = self._v.repeat_interleave(repeats, dim=0)
+            self._views()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self._n:
+            self.batch_select_indices(beam_idx.to(self._k.device))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative number of tokens to remove, got {tokens_to_remove}.")
+        if tokens_to_remove and self.is_initialized:
+            self._n = max(0, self._n + tokens_to_remove)
+            self._views()
+
+    def reset(self) -> None:
+        self._k = self._v = None
+        self._n = 0
+        super().reset()
+
+    def offload(self) -> None:
+        raise NotImplementedError("GrowingLayer does not offload; use transformers' DynamicCache(offloading=True).")
+
+
+class GrowingCache(DynamicCache):
+    """A ``DynamicCache`` whose layers are :class:`GrowingLayer`s (for full-attention models only: see
+    :func:`kv_reuse_unsafe_reason`, which also decides where this cache is used)."""
+
+    def __init__(self) -> None:
+        Cache.__init__(self, layer_class_to_replicate=GrowingLayer)

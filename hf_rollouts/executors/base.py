@@ -1,0 +1,213 @@
+"""What every executor shares: the run's shard plan, the work contract, the options, the report.
+
+A run is planned once (:func:`plan_shards`): fixed contiguous shards of the task rows, each with the cache
+file it is written to (:class:`~hf_rollouts.shard_cache.ShardFile`). Executors only decide *where* the
+pending shards are expanded (this process, a block per process of an ``accelerate`` group, Ray workers);
+the plan, the seeds, the file names and the final read are the same for all of them, so a run may start
+with one executor and finish with another from the same cache folder.
+
+The work itself is opaque to executors (:class:`ShardWork`): expand shard ``i`` into its rollout columns
+(an Arrow table), then commit it (the driver assembles the task columns and writes the file). Only the
+process that called the executor commits, so shard files have one writer.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import pyarrow as pa
+
+from ..shard_cache import ShardFile
+
+EXECUTORS = ("auto", "local", "processes", "ray")
+
+
+class ShardFailedError(RuntimeError):
+    """A shard could not be expanded: its worker kept dying or running past the deadline, or the work raised."""
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """The shards of one run, in task order (shard ``i`` holds task rows ``[i * shard_size, ...)``)."""
+
+    shards: tuple[ShardFile, ...]
+
+    def block(self, rank: int, world: int) -> range:
+        """The contiguous block of shard indices that process ``rank`` of ``world`` owns (``processes``)."""
+        per = math.ceil(len(self.shards) / world)
+        return range(rank * per, min(len(self.shards), (rank + 1) * per))
+
+    def pending(self, indices: Sequence[int] | range, reuse: bool) -> list[int]:
+        """``indices`` less the shards whose file exists and checks out (datatrove's *skip completed*).
+
+        With ``reuse=False`` every shard is pending. A file that does not check out is reported (a warning
+        naming it) and redone."""
+        return [i for i in indices if not (reuse and self.shards[i].reusable())]
+
+    def rows(self, index: int) -> int:
+        shard = self.shards[index]
+        return shard.stop - shard.start
+
+
+def plan_shards(cache_dir: str | Path, fingerprint: str, num_tasks: int, shard_size: int) -> ShardPlan:
+    """The one planning function: ``ceil(num_tasks / shard_size)`` shards of the run ``fingerprint``, each the file
+    ``<cache_dir>/<fingerprint>-shard<i>-of<n>.arrow`` holding task rows ``[i * shard_size, min(num_tasks, ...))``."""
+    cache = Path(cache_dir)
+    num_shards = max(1, math.ceil(num_tasks / shard_size))
+    return ShardPlan(
+        tuple(
+            ShardFile(
+                cache / f"{fingerprint}-shard{i:05d}-of{num_shards:05d}.arrow",
+                fingerprint,
+                i,
+                num_shards,
+                i * shard_size,
+                min(num_tasks, (i + 1) * shard_size),
+            )
+            for i in range(num_shards)
+        )
+    )
+
+
+class ShardRunner(Protocol):
+    """Expands shards where it was opened (it holds an agent and the envs)."""
+
+    def __call__(self, shard: ShardFile, on_episode_end: Callable[[], None] | None = None) -> pa.Table:
+        """The rollout columns of the shard's task rows, with the declared schema, in row order."""
+        ...
+
+
+class ShardWork(Protocol):
+    """A run's work as executors see it (implemented by :mod:`hf_rollouts.pipeline`)."""
+
+    plan: ShardPlan
+
+    def open_local(self) -> ShardRunner:
+        """A runner in this process, with the caller's agent."""
+        ...
+
+    def remote(self) -> Any:
+        """A picklable :class:`RemoteWork` for other processes (raises, saying what to pass, if there is none)."""
+        ...
+
+    def episodes(self, index: int) -> int:
+        """Episodes of shard ``index`` (for progress bars)."""
+        ...
+
+    def commit(self, index: int, rollout_columns: pa.Table) -> None:
+        """Check ``rollout_columns`` against the declared schema, join the shard's task columns, write its file."""
+        ...
+
+
+class RemoteWork(Protocol):
+    """The picklable half of a :class:`ShardWork`: opened once per worker process."""
+
+    def open(self) -> tuple[ShardRunner, dict[str, Any]]:
+        """Build the agent (from its recipe) and the envs; check they are the driver's; return the runner and
+        facts about the worker (``startup_s``, ``pid``, ``host``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ExecutorOptions:
+    """Where a run's shards are expanded (none of these change the rows: they are not in the cache key)."""
+
+    executor: Literal["auto", "local", "processes", "ray"] = field(
+        default="auto",
+        metadata={
+            "help": "Where shards are expanded: 'local' (this process), 'processes' (each process of a torchrun / "
+            "accelerate launch group expands a contiguous block of shards), 'ray' (Ray workers, one agent each, "
+            "retries and a per-shard deadline), 'auto' ('processes' when launched as several processes, else "
+            "'local'). Named --executor because --backend is the local model's generation backend.",
+            "choices": list(EXECUTORS),
+        },
+    )
+    ray_address: str | None = field(
+        default=None,
+        metadata={
+            "help": "Ray: address of a running cluster ('auto', 'HOST:6379', 'ray://HOST:10001'); default: a new "
+            "local Ray instance. A process already connected to Ray (ray.init) uses that cluster."
+        },
+    )
+    num_workers: int | None = field(
+        default=None,
+        metadata={
+            "help": "Ray: worker processes, each building its own agent; default: what the cluster's GPUs "
+            "(gpus_per_worker > 0) or CPUs hold, at most one per pending shard."
+        },
+    )
+    gpus_per_worker: float = field(default=0.0, metadata={"help": "Ray: GPUs reserved by each worker."})
+    cpus_per_worker: float = field(default=1.0, metadata={"help": "Ray: CPUs reserved by each worker."})
+    shard_timeout: float | None = field(
+        default=None,
+        metadata={
+            "help": "Ray: seconds one shard may take on a worker; past it the worker is killed and the shard "
+            "retried. None: no deadline."
+        },
+    )
+    max_shard_retries: int = field(
+        default=2,
+        metadata={
+            "help": "Ray: times a shard is retried after its worker died or ran past shard_timeout; then the run "
+            "stops with an error naming the shard."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {list(EXECUTORS)}, got {self.executor!r}.")
+        if self.num_workers is not None and self.num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}.")
+        if self.gpus_per_worker < 0 or self.cpus_per_worker < 0:
+            raise ValueError("gpus_per_worker and cpus_per_worker must be >= 0.")
+        if self.shard_timeout is not None and self.shard_timeout <= 0:
+            raise ValueError(f"shard_timeout must be a number of seconds > 0 (or None), got {self.shard_timeout}.")
+        if self.max_shard_retries < 0:
+            raise ValueError(f"max_shard_retries must be >= 0, got {self.max_shard_retries}.")
+
+
+@dataclass
+class RunReport:
+    """What an executor did in one run (``executor.report`` after ``generate_rollouts``)."""
+
+    executor: str
+    expanded: list[int] = field(default_factory=list)
+    """Shards expanded and committed by this run, in commit order (each once)."""
+    reused: list[int] = field(default_factory=list)
+    """Shards whose file an earlier run (any executor) had already written."""
+    retried: dict[int, list[str]] = field(default_factory=dict)
+    """Shard index -> why each failed attempt failed (a dead worker, the deadline)."""
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per worker started: ``startup_s`` (agent and envs built), ``pid``, ``host``."""
+    wall_s: float = 0.0
+
+
+class Executor(ABC):
+    """Runs the pending shards of a plan somewhere; the caller commits each result (see the module docstring)."""
+
+    name: str = "executor"
+    report: RunReport | None = None
+
+    @abstractmethod
+    def run(self, work: ShardWork, *, reuse: bool, progress: bool) -> RunReport:
+        """Expand every shard of ``work.plan`` this executor is responsible for that is not done yet, committing
+        each exactly once; return when they are committed (and, with several processes, when all are)."""
+
+
+__all__ = [
+    "EXECUTORS",
+    "Executor",
+    "ExecutorOptions",
+    "RemoteWork",
+    "RunReport",
+    "ShardFailedError",
+    "ShardPlan",
+    "ShardRunner",
+    "ShardWork",
+    "plan_shards",
+]

