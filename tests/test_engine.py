@@ -226,9 +226,14 @@ def test_an_interrupt_waits_for_the_agents_call_to_return(tokenizer):
 
     env = MastermindEnv(tokenizer, {"max_turns": 2, "num_symbols": 6})
     jobs = episode_jobs(env, [{"code": [1, 2, 3, 4]}], 2)
-    threading.Thread(target=lambda: (calls["started"].wait(), os.kill(os.getpid(), signal.SIGINT))).start()
-    with pytest.raises(KeyboardInterrupt):
-        run_episodes(jobs, Slow(["1 2 3 4"]))
+    # a shell that starts the suite in the background ignores SIGINT in it: restore Python's own handler
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=lambda: (calls["started"].wait(), os.kill(os.getpid(), signal.SIGINT))).start()
+        with pytest.raises(KeyboardInterrupt):
+            run_episodes(jobs, Slow(["1 2 3 4"]))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert calls["done"]
 
 

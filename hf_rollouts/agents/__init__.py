@@ -7,6 +7,8 @@ from here all the same, each imported on first use (a module ``__getattr__``):
 
 * :class:`hf_rollouts.agents.TransformersAgent` — a local transformers model (``agents.hf``);
 * :class:`hf_rollouts.agents.OpenAIChatAgent` — an OpenAI-compatible server (``agents.openai``);
+* :class:`hf_rollouts.agents.VLLMAgent` — vLLM's engine in this process (``agents.vllm``; vLLM
+  itself imported only when one is built);
 * :class:`hf_rollouts.agents.ScriptedAgent` — a fixed script, for tests (``agents.scripted``);
 * :func:`hf_rollouts.agents.load_agent` and :class:`hf_rollouts.agents.AgentRecipe` — any of them from a spec
   string, here or in another process (``agents.loading``).
@@ -26,6 +28,7 @@ _LAZY = {
     "TransformersAgent": "hf",
     "OpenAIChatAgent": "openai",
     "OpenAISettings": "openai",
+    "VLLMAgent": "vllm",
     "ScriptedAgent": "scripted",
     "AgentRecipe": "loading",
     "load_agent": "loading",
@@ -46,4 +49,4 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["Agent", "AgentRecipe", "OpenAIChatAgent", "OpenAISettings", "SamplingConfig", "ScriptedAgent",
-           "TransformersAgent", "load_agent"]  # fmt: skip
+           "TransformersAgent", "VLLMAgent", "load_agent"]  # fmt: skip

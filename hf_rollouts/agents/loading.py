@@ -7,6 +7,9 @@
 * ``openai:BASE_URL#MODEL`` — an OpenAI-compatible endpoint (:class:`~.openai.OpenAIChatAgent`);
   ``tokenizer`` names the served model's tokenizer (default: ``MODEL``), which the env uses.
   The agent negotiates token mode or chat mode with the server on first use.
+* ``vllm:ID_OR_PATH`` — vLLM's engine in this process (:class:`~.vllm.VLLMAgent`; needs a Python with vLLM,
+  see ``scripts/setup_vllm.sh``); ``engine`` holds :class:`~.vllm.VLLMSettings` fields and other vLLM engine
+  arguments.
 * anything else — a hub id or local path, loaded with ``from_pretrained``.
 
 :class:`AgentRecipe` says how to build an agent again in another process (a Ray worker, a
@@ -73,6 +76,7 @@ def load_agent(
     tokenizer: str | None = None,
     trust_remote_code: bool = False,
     endpoint: dict[str, Any] | None = None,
+    engine: dict[str, Any] | None = None,
 ) -> Agent:
     """Return the agent for ``spec`` (see module docstring), with ``agent.recipe`` set to the
     :class:`AgentRecipe` that builds it again.
@@ -80,7 +84,9 @@ def load_agent(
     ``seed`` seeds sampling (an endpoint's per-request seeds); ``backend`` and ``reuse_kv``
     are :class:`~.hf.TransformersAgent` options. ``endpoint`` holds extra
     :class:`~.openai.OpenAISettings` fields (concurrency,
-    timeout, max_retries, ...) for ``openai:`` specs.
+    timeout, max_retries, ...) for ``openai:`` specs; ``engine`` holds :class:`~.vllm.VLLMSettings` fields
+    (``dtype``, ``gpu_memory_utilization``, ``tensor_parallel_size``, ``logprobs_mode``, ...) and any other vLLM
+    engine argument for ``vllm:`` specs (``seed`` and ``tokenizer`` apply too).
     """
     recipe = AgentRecipe(
         spec=spec,
@@ -93,14 +99,15 @@ def load_agent(
             "tokenizer": tokenizer,
             "trust_remote_code": trust_remote_code,
             "endpoint": endpoint,
+            "engine": engine,
         },
     )
-    agent = _load(spec, sampling, seed, model_seed, backend, reuse_kv, tokenizer, trust_remote_code, endpoint)
+    agent = _load(spec, sampling, seed, model_seed, backend, reuse_kv, tokenizer, trust_remote_code, endpoint, engine)
     agent.recipe = recipe
     return agent
 
 
-def _load(spec, sampling, seed, model_seed, backend, reuse_kv, tokenizer, trust_remote_code, endpoint) -> Agent:
+def _load(spec, sampling, seed, model_seed, backend, reuse_kv, tokenizer, trust_remote_code, endpoint, engine) -> Agent:
     sampling = sampling or SamplingConfig()
     if spec in TINY_SPECS:
         from ..tiny_model import build_tiny_model
@@ -127,6 +134,11 @@ def _load(spec, sampling, seed, model_seed, backend, reuse_kv, tokenizer, trust_
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
         return OpenAIChatAgent.from_spec(spec, sampling=sampling, tokenizer=tok, seed=seed, **(endpoint or {}))
+    if spec.startswith("vllm:"):
+        from .vllm import VLLMAgent, VLLMSettings, parse_vllm_spec
+
+        options = {"seed": seed, "tokenizer": tokenizer, "trust_remote_code": trust_remote_code, **(engine or {})}
+        return VLLMAgent(VLLMSettings.from_dict(parse_vllm_spec(spec), options), sampling=sampling)
     return TransformersAgent.from_pretrained(
         spec, sampling=sampling, seed=seed, backend=backend, reuse_kv=reuse_kv, trust_remote_code=trust_remote_code
     )

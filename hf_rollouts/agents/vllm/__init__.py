@@ -1,0 +1,22 @@
+"""vLLM's engine in-process as an agent (:class:`VLLMAgent`); vLLM itself is imported only when one is built.
+
+vLLM lives in a venv of its own (it pins torch and transformers): ``bash scripts/setup_vllm.sh`` builds it on
+Linux CPUs; see the README's vLLM section for GPUs.
+"""
+
+from .agent import STAT_KEYS, VLLMAgent, VLLMRequestError, import_vllm, model_files_identity, vllm_installed
+from .settings import SPEC_PREFIX, VLLMSettings, VLLMUnavailableError, logprob_convention, parse_vllm_spec
+
+__all__ = [
+    "SPEC_PREFIX",
+    "STAT_KEYS",
+    "VLLMAgent",
+    "VLLMRequestError",
+    "VLLMSettings",
+    "VLLMUnavailableError",
+    "import_vllm",
+    "logprob_convention",
+    "model_files_identity",
+    "parse_vllm_spec",
+    "vllm_installed",
+]

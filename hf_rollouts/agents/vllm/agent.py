@@ -1,0 +1,524 @@
+"""vLLM's engine in-process as an agent: one engine request per episode turn, token-in / token-out.
+
+:class:`VLLMAgent` owns a vLLM ``AsyncLLM`` (``vllm.AsyncLLMEngine``, vLLM's V1 async engine; 0.32's
+``vllm/v1/engine/async_llm.py``) running on an event loop in a thread of its own. It is a *per-request* agent
+(``answers_per_request``): the rollout scheduler :meth:`~VLLMAgent.submit` s each turn the moment its episode
+produces it, and vLLM's continuous batching (with prefix caching: turn k+1 of an episode extends turn k's ids, so
+only the new tokens are prefilled) sees a steady stream of requests, without an HTTP server in between.
+
+**Contract of each answer** (a request that breaks it fails only its own episode, as ``error``):
+
+* the engine is given exactly ``request.prompt_token_ids`` (``TokensPrompt``): no chat template runs, whatever
+  the template does to history; the prompt ids the engine reports back (``RequestOutput.prompt_token_ids``) must
+  equal them;
+* the stored ids are the engine's sampled ids (``CompletionOutput.token_ids``), verbatim, the stop token included
+  when one ended the turn (vLLM keeps it as the last id);
+* the stored log-probs are the engine's (``logprobs=0``: the sampled token's own log-prob at each position),
+  verbatim; :meth:`~VLLMAgent.logprob_convention` says which quantity they are (see below);
+* ``stopped`` is ``finish_reason == "stop"`` (a stop id); ``"length"`` (the turn's budget, or the model's context)
+  is a cut turn.
+
+**Sampling** comes from :class:`~hf_rollouts.agents.sampling.SamplingConfig` only: every request carries
+``temperature`` and ``top_p`` and sets top-k, min-p and the penalties to their neutral values. (vLLM's engine,
+unlike its OpenAI server, does not fill unset fields from the model's ``generation_config.json``; only its eos ids
+are taken from there, and they are among the stop ids anyway.) Stop ids are the one rule of the local agent
+(:func:`hf_rollouts.agents.hf.agent.stop_token_ids`): the tokenizer's eos, the chat template's end token and every
+``generation_config.eos_token_id``.
+
+**Seeds**: each request carries its own seed (``request.seed``, from the pipeline's (run seed, task row, rollout,
+turn); else one derived from the agent's seed, the session and the turn), so its draws do not depend on the other
+requests. vLLM does not promise bitwise batch invariance (only with ``VLLM_BATCH_INVARIANT=1`` on recent NVIDIA
+GPUs), so a rerun whose batches are composed differently can differ in the last bits of the logits, and now and
+then in a sampled token.
+
+**Log-probs**: ``logprobs_mode="raw"`` (vLLM's default) stores ``log_softmax(logits)`` before temperature, recorded
+as ``{"kind": "raw", "temperature": 1.0}``; ``"processed"`` stores ``log_softmax(logits / T)``, hf_rollouts'
+convention (``{"kind": "processed", "temperature": T}``), and is refused with ``top_p < 1`` because vLLM takes it
+after top-p. The dataset card records the convention and training refuses to mix them.
+
+**Processes**: on CPU (and for ``tensor_parallel_size > 1``) vLLM starts its engine core and workers with the
+``spawn`` method, which re-imports the main module: a script that builds a ``VLLMAgent`` needs an
+``if __name__ == "__main__":`` guard. :meth:`~VLLMAgent.close` (or the ``with`` block, or interpreter exit) shuts
+the engine down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import threading
+import uuid
+import weakref
+from concurrent.futures import Future
+from dataclasses import asdict, fields
+from types import SimpleNamespace
+from typing import Any
+
+from ...chat import ChatDelta
+from ...seeding import derive_seed
+from ...types import Action, AgentRequest, Message
+from ..base import Agent
+from ..hf.agent import ContextLengthError, stop_token_ids
+from ..sampling import SamplingConfig
+from .settings import (
+    SETUP_HINT,
+    VLLMSettings,
+    VLLMUnavailableError,
+    check_logprob_settings,
+    logprob_convention,
+    parse_vllm_spec,
+)
+
+_SAMPLING_FIELDS = {f.name for f in fields(SamplingConfig)}
+_SETTINGS_FIELDS = {f.name for f in fields(VLLMSettings)}
+STAT_KEYS = (
+    "requests",  # agent turns asked for
+    "failures",  # requests that failed: their episodes are recorded as errors
+    "prompt_tokens",  # prompt ids sent, over all requests
+    "cached_prompt_tokens",  # of those, ids whose KV came from vLLM's prefix cache
+    "generated_tokens",  # ids sampled
+    "cut_turns",  # answers that ended on the token budget or the context ("length")
+)
+
+
+class VLLMRequestError(RuntimeError):
+    """One engine request failed, or its output broke the token contract; only its episode records it."""
+
+
+def import_vllm() -> SimpleNamespace:
+    """vLLM's version and the classes the agent uses, or :class:`VLLMUnavailableError` saying how to set it up.
+
+    The agent calls it on its engine thread (see :meth:`VLLMAgent._start`): importing vLLM's modules keeps the
+    frames of the importing stack alive (a reference held inside vLLM or torch at import time), so the import must
+    not run in a frame that holds the agent, or the agent and its engine would never be freed.
+    """
+    try:
+        import vllm
+        from vllm import AsyncEngineArgs, AsyncLLMEngine, SamplingParams, TokensPrompt
+        from vllm.platforms import current_platform
+        from vllm.sampling_params import RequestOutputKind
+    except ImportError as exc:
+        raise VLLMUnavailableError(f"{SETUP_HINT} ({type(exc).__name__}: {exc})") from exc
+    return SimpleNamespace(
+        version=str(vllm.__version__),
+        AsyncEngineArgs=AsyncEngineArgs,
+        AsyncLLMEngine=AsyncLLMEngine,
+        SamplingParams=SamplingParams,
+        TokensPrompt=TokensPrompt,
+        FINAL_ONLY=RequestOutputKind.FINAL_ONLY,
+        on_cpu=bool(current_platform.is_cpu()),
+    )
+
+
+def vllm_installed() -> bool:
+    """Whether ``import vllm`` can find vLLM in this Python (a cheap check: nothing is imported)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+class _Stats(dict):
+    """``{key: count}`` over :data:`STAT_KEYS`, a plain ``dict`` to read; :meth:`add` is thread-safe."""
+
+    def __init__(self) -> None:
+        super().__init__(dict.fromkeys(STAT_KEYS, 0))
+        self._lock = threading.Lock()
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for key, n in counts.items():
+                self[key] += n
+
+
+class VLLMAgent(Agent):
+    """vLLM's async engine in this process (see the module docstring).
+
+    Args:
+        settings: a :class:`~.settings.VLLMSettings`; or give its fields (``model``, ``dtype``,
+            ``gpu_memory_utilization``, ``tensor_parallel_size``, ``engine_kwargs``, ...) as keyword arguments.
+        sampling: a :class:`~hf_rollouts.agents.sampling.SamplingConfig`; or give its fields as keyword arguments.
+        tokenizer: the env tokenizer; default: loaded from ``settings.tokenizer`` or the model (a missing pad token
+            becomes the eos token). It must be the engine's tokenizer.
+
+    The engine is built in the constructor (tens of seconds on CPU; the model is loaded), so a bad model or
+    setting fails here rather than in every episode.
+
+    Raises:
+        VLLMUnavailableError: vLLM cannot be imported in this Python (the message says how to set it up).
+        ValueError: ``logprobs_mode="processed"`` with ``top_p < 1``; bad settings.
+    """
+
+    answers_per_request = True
+    thread_safe = True  # submit() may be called from several threads at once (e.g. by a gamemaster)
+
+    def __init__(
+        self,
+        settings: VLLMSettings | None = None,
+        *,
+        sampling: SamplingConfig | None = None,
+        tokenizer: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        sampling_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _SAMPLING_FIELDS}
+        if settings is not None and kwargs:
+            raise TypeError("Pass either VLLMSettings or its fields as keyword arguments, not both.")
+        if sampling is not None and sampling_kwargs:
+            raise TypeError("Pass either a SamplingConfig or temperature/top_p/max_new_tokens, not both.")
+        unknown = sorted(set(kwargs) - _SETTINGS_FIELDS)
+        if unknown:
+            raise TypeError(f"Unknown VLLMAgent arguments {unknown}; engine arguments go in engine_kwargs={{...}}.")
+        self.settings = settings or VLLMSettings(**kwargs)
+        self.sampling = sampling or SamplingConfig(**sampling_kwargs)
+        check_logprob_settings(self.settings, self.sampling)
+        if not vllm_installed():  # before anything slow: a missing vLLM fails at once
+            raise VLLMUnavailableError(f"{SETUP_HINT} (no module named 'vllm')")
+        s = self.settings
+        self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(s)
+        self.name = s.model
+        self.chat = ChatDelta(self.tokenizer)
+        self.stop_ids = stop_token_ids(self.chat, _generation_eos(s))
+        self._run_seed = s.seed
+        self.stats = _Stats()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._engine: Any = None
+        self._start()
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: str,
+        *,
+        sampling: SamplingConfig | None = None,
+        tokenizer: Any = None,
+        **options: Any,
+    ) -> VLLMAgent:
+        """Build from ``"vllm:ID_OR_PATH"``; ``options`` are :class:`~.settings.VLLMSettings` fields, any other key
+        goes to ``engine_kwargs`` (as :meth:`VLLMSettings.from_dict`)."""
+        return cls(VLLMSettings.from_dict(parse_vllm_spec(spec), options), sampling=sampling, tokenizer=tokenizer)
+
+    # -- the engine and its loop --------------------------------------------------------------------------
+    def _start(self) -> None:
+        """Start the loop thread, then import vLLM and build the engine there (see :func:`import_vllm`)."""
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="hf-rollouts-vllm", daemon=True)
+        thread.start()
+        try:
+            self._vllm = asyncio.run_coroutine_threadsafe(_imported(), loop).result()
+            engine = asyncio.run_coroutine_threadsafe(_built(self._vllm, self.settings.engine_args()), loop).result()
+        except BaseException:
+            _stop_loop(loop, thread)
+            raise
+        self.vllm_version = self._vllm.version
+        self._loop, self._thread, self._engine = loop, thread, engine
+        config = engine.vllm_config
+        self.max_model_len = int(config.model_config.max_model_len)
+        self.engine_config = {  # as vLLM resolved them (the card shows these)
+            "device": str(config.device_config.device_type),
+            "dtype": str(config.model_config.dtype).removeprefix("torch."),
+            "max_model_len": self.max_model_len,
+            "gpu_memory_utilization": config.cache_config.gpu_memory_utilization,
+            "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
+            "prefix_caching": bool(config.cache_config.enable_prefix_caching),
+            "block_size": config.cache_config.block_size,
+            "chunked_prefill": bool(config.scheduler_config.enable_chunked_prefill),
+            "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+            "max_num_seqs": config.scheduler_config.max_num_seqs,
+            "logprobs_mode": str(config.model_config.logprobs_mode),
+        }
+        self._finalizer = weakref.finalize(self, _shutdown, engine, loop, thread)
+
+    def close(self) -> None:
+        """Shut the engine down (its processes end) and stop the loop thread. Idempotent."""
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+        self._engine = None
+
+    def __enter__(self) -> VLLMAgent:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError(
+            "A VLLMAgent holds a running engine and cannot be pickled; build one in each process that generates."
+        )
+
+    # -- Agent API ----------------------------------------------------------------------------------------
+    @property
+    def concurrency(self) -> int:
+        """Requests in flight at once: the scheduler keeps this many episodes alive by default."""
+        return self.settings.concurrency
+
+    def set_seed(self, seed: int) -> None:
+        """Seed the requests that carry no seed of their own (every request of a pipeline run carries one)."""
+        self._run_seed = seed
+
+    def get_action(self, messages: list[Message], agent_state: Any = None) -> tuple[Action, Any]:
+        request = AgentRequest(
+            messages=list(messages), prompt_token_ids=self.chat.initial_ids(messages), agent_state=agent_state
+        )
+        return self._single(request)
+
+    def act(self, request: AgentRequest) -> tuple[Action, Any]:
+        return self._single(request)
+
+    def act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any] | Exception]:
+        """Every request submitted at once (the engine batches them); answers in order, a failure in its slot."""
+        futures = [self.submit(r) for r in requests]
+        out: list[tuple[Action, Any] | Exception] = []
+        for future in futures:
+            try:
+                out.append(future.result())
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def submit(self, request: AgentRequest) -> Future:
+        """Hand one request to the engine now; the future holds ``(action, agent_state)`` or a
+        :class:`VLLMRequestError` (or :class:`~hf_rollouts.agents.hf.agent.ContextLengthError`)."""
+        if self._engine is None or self._loop is None:
+            future: Future = Future()
+            future.set_exception(VLLMRequestError("the VLLMAgent was closed; build a new one."))
+            return future
+        return asyncio.run_coroutine_threadsafe(self._answer(request), self._loop)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop vLLM's prefix cache (e.g. after new weights were loaded into the engine, whose cached KV would be
+        stale; or between benchmark repeats). ``True`` when the engine reset it (it refuses while requests run)."""
+        if self._engine is None or self._loop is None:
+            raise VLLMRequestError("the VLLMAgent was closed; build a new one.")
+        return bool(asyncio.run_coroutine_threadsafe(self._engine.reset_prefix_cache(), self._loop).result())
+
+    def request_seed(self, request: AgentRequest) -> int:
+        """The seed of ``request``'s sampling: its own, else one from the agent's seed, its session and its turn."""
+        if request.seed is not None:
+            return int(request.seed)
+        return derive_seed(self._run_seed, request.session_id, len(request.messages))
+
+    def sampling_params(self, request: AgentRequest, max_tokens: int) -> Any:
+        """The ``vllm.SamplingParams`` of ``request`` (see the module docstring)."""
+        s = self.sampling
+        greedy = s.temperature == 0
+        return self._vllm.SamplingParams(
+            n=1,
+            temperature=s.temperature,
+            top_p=1.0 if greedy else s.top_p,
+            top_k=0,  # off
+            min_p=0.0,
+            presence_penalty=0.0,
+            frequency_penalty=0.0,
+            repetition_penalty=1.0,
+            seed=self.request_seed(request),
+            max_tokens=max_tokens,
+            stop_token_ids=list(self.stop_ids),
+            logprobs=0,  # the sampled token's own log-prob only
+            detokenize=False,  # the text is decoded from the ids below, as TransformersAgent does
+            output_kind=self._vllm.FINAL_ONLY,
+        )
+
+    async def _answer(self, request: AgentRequest) -> tuple[Action, Any]:
+        self.stats.add(requests=1)
+        try:
+            prompt = [int(i) for i in request.prompt_token_ids]
+            if not prompt:
+                raise VLLMRequestError("the request has no prompt_token_ids; the engine is given ids, never text.")
+            if len(prompt) >= self.max_model_len:
+                raise ContextLengthError(
+                    f"the prompt has {len(prompt)} tokens; the engine's context (max_model_len) is "
+                    f"{self.max_model_len}. Cap episodes below it with env_config 'max_episode_tokens' to truncate "
+                    "them instead."
+                )
+            params = self.sampling_params(request, min(self.sampling.max_new_tokens, self.max_model_len - len(prompt)))
+            engine_input = await self._engine_input(prompt)
+            final = None
+            async for output in self._engine.generate(engine_input, params, request_id=f"hfr-{uuid.uuid4().hex}"):
+                final = output
+            return self._to_action(request, prompt, final), request.agent_state
+        except ContextLengthError:
+            self.stats.add(failures=1)
+            raise
+        except Exception as exc:
+            self.stats.add(failures=1)
+            if isinstance(exc, VLLMRequestError):
+                raise
+            raise VLLMRequestError(
+                f"the request for session {request.session_id!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def _engine_input(self, prompt: list[int]) -> Any:
+        """``prompt`` as the engine's input: rendered by the engine's renderer as vLLM 0.32's token-in/token-out
+        server does (``render_cmpl_async([TokensPrompt])``: ids used as given, length checked against the context);
+        a bare ``TokensPrompt`` on versions without a renderer."""
+        tokens = self._vllm.TokensPrompt(prompt_token_ids=prompt)
+        renderer = getattr(self._engine, "renderer", None)
+        if renderer is None or not hasattr(renderer, "render_cmpl_async"):
+            return tokens
+        (engine_input,) = await renderer.render_cmpl_async([tokens])
+        return engine_input
+
+    def _to_action(self, request: AgentRequest, prompt: list[int], output: Any) -> Action:
+        """The :class:`Action` of the engine's final ``RequestOutput`` for ``prompt``, checked (module docstring).
+
+        The one place engine outputs become actions: ids and log-probs are copied, never re-derived."""
+        where = f"vLLM request for session {request.session_id!r}"
+        if output is None or not output.finished or not output.outputs:
+            raise VLLMRequestError(f"{where}: the engine returned no finished output.")
+        if output.prompt_token_ids is not None and list(output.prompt_token_ids) != prompt:
+            raise VLLMRequestError(
+                f"{where}: token contract broken: the engine conditioned on {len(output.prompt_token_ids)} prompt ids "
+                f"that differ from the {len(prompt)} sent."
+            )
+        completion = output.outputs[0]
+        if completion.finish_reason not in ("stop", "length"):
+            raise VLLMRequestError(f"{where}: finished with {completion.finish_reason!r} (aborted or failed).")
+        ids = [int(i) for i in completion.token_ids]
+        if not ids:
+            raise VLLMRequestError(f"{where}: the engine sampled no token.")
+        positions = completion.logprobs
+        if positions is None or len(positions) != len(ids):
+            found = 0 if positions is None else len(positions)
+            raise VLLMRequestError(f"{where}: {found} log-prob entries for {len(ids)} sampled ids.")
+        logprobs = []
+        for tid, at in zip(ids, positions):
+            entry = at.get(tid) if at is not None else None
+            if entry is None:
+                raise VLLMRequestError(f"{where}: no log-prob for the sampled id {tid}.")
+            logprobs.append(float(entry.logprob))
+        stopped = completion.finish_reason == "stop"
+        self.stats.add(
+            prompt_tokens=len(prompt),
+            cached_prompt_tokens=int(output.num_cached_tokens or 0),
+            generated_tokens=len(ids),
+            cut_turns=int(not stopped),
+        )
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Action(text=text, token_ids=ids, logprobs=logprobs, stopped=stopped)
+
+    # -- what the card and the cache key say ------------------------------------------------------------
+    def logprob_convention(self) -> dict[str, Any]:
+        """What the stored log-probs are (:func:`~.settings.logprob_convention`)."""
+        return logprob_convention(self.settings, self.sampling)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything that changes samples: the model (and its files' identity), vLLM's version, every engine
+        setting but ``concurrency``, sampling, stop ids and the log-prob convention."""
+        settings = {k: v for k, v in asdict(self.settings).items() if k != "concurrency"}
+        return {
+            **self._identity(),
+            "model": self.settings.model,
+            "model_files": model_files_identity(self.settings),
+            "vllm": self.vllm_version,
+            "settings": settings,
+            "sampling": {**asdict(self.sampling), "seed": self._run_seed},
+            "stop_token_ids": list(self.stop_ids),
+            "logprob_convention": self.logprob_convention(),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """What the dataset card says: model, engine setup as vLLM resolved it, sampling, log-prob convention."""
+        s = self.settings
+        return {
+            "model": s.model,
+            "backend": "vllm (in-process AsyncLLM engine)",
+            "vllm": self.vllm_version,
+            "sampling": {**asdict(self.sampling), "seed": self._run_seed},
+            "logprob_convention": self.logprob_convention(),
+            "stop_token_ids": list(self.stop_ids),
+            "engine": {**self.engine_config, "enforce_eager": s.enforce_eager, "engine_kwargs": s.engine_kwargs},
+            "concurrency": s.concurrency,
+        }
+
+
+def _load_tokenizer(settings: VLLMSettings) -> Any:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(
+        settings.tokenizer or settings.model, revision=settings.revision, trust_remote_code=settings.trust_remote_code
+    )
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _generation_eos(settings: VLLMSettings) -> int | list[int] | None:
+    """The model's ``generation_config.eos_token_id`` (an int or a list), or ``None`` when it ships none."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(settings.model, revision=settings.revision).eos_token_id
+    except (OSError, ValueError):
+        return None
+
+
+def model_files_identity(settings: VLLMSettings) -> str | None:
+    """A digest that changes when the model's files change: for a local directory, its files' names, sizes and
+    modification times; for a hub id, the commit of the cached snapshot. ``None`` when neither is known."""
+    path = settings.model
+    if os.path.isdir(path):
+        digest = hashlib.sha256()
+        for root, _, names in sorted(os.walk(path)):
+            for name in sorted(names):
+                full = os.path.join(root, name)
+                st = os.stat(full)
+                digest.update(f"{os.path.relpath(full, path)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        return digest.hexdigest()[:16]
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(path, "config.json", revision=settings.revision)
+    except Exception:
+        return None
+    if isinstance(found, str) and "/snapshots/" in found:
+        return found.split("/snapshots/")[1].split("/")[0]
+    return None
+
+
+async def _imported() -> SimpleNamespace:
+    return import_vllm()
+
+
+async def _built(vllm: SimpleNamespace, engine_args: dict[str, Any]) -> Any:
+    """The engine, built on its loop (so its output handler starts there).
+
+    On vLLM's CPU backend, chunked prefill is switched off unless ``engine_args`` say otherwise: vLLM 0.32 rewinds a
+    seeded request's generator when it discards the token sampled during a partial (chunked) prefill, which CPU
+    generators cannot do, and the engine dies (``RuntimeError: CPU Generator does not use offset``, in
+    ``GPUModelRunner._bookkeeping_sync``) as soon as many seeded prompts exceed the step's token budget. Without
+    chunking, the budget (``max_num_batched_tokens``) must hold the longest prompt, so it is raised to
+    ``max_model_len`` where it is smaller.
+    """
+    args = vllm.AsyncEngineArgs(**engine_args)
+    if vllm.on_cpu and "enable_chunked_prefill" not in engine_args:
+        resolved = args.create_engine_config()  # resolves max_model_len and the default budget; args are spent
+        budget = max(resolved.model_config.max_model_len, resolved.scheduler_config.max_num_batched_tokens)
+        unchunked = {"enable_chunked_prefill": False, "max_num_batched_tokens": budget}
+        args = vllm.AsyncEngineArgs(**{**engine_args, **unchunked})
+    return vllm.AsyncLLMEngine.from_engine_args(args)
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=30)
+    if not thread.is_alive():
+        loop.close()
+
+
+def _shutdown(engine: Any, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """Shut ``engine`` down on its loop, then stop the loop (a ``weakref.finalize`` callback: no reference to the
+    agent, so it runs on :meth:`VLLMAgent.close`, on garbage collection and at interpreter exit)."""
+
+    async def down() -> None:
+        engine.shutdown()
+
+    try:
+        if loop.is_running():
+            asyncio.run_coroutine_threadsafe(down(), loop).result(timeout=60)
+        else:
+            engine.shutdown()
+    except Exception:
+        pass  # the engine's own finalizers end its processes
+    if loop.is_running():
+        _stop_loop(loop, thread)
