@@ -5,7 +5,8 @@ tiny model and with a scripted agent that solves the task (the figures of issue 
 
 Uses the test suite's fixtures for what no package ships: an OpenEnv server (tests/test_openenv.py's GuessEnv, served
 by uvicorn on 127.0.0.1), a verifiers env package (tests/hfr_vf_arith.py), SkyRL rows and a sqlite database.
-Envs whose package is not installed are reported as skipped.
+Envs whose package is not installed are reported as skipped. verifiers 0.3 cannot share the test venv (it pins mcp<2):
+play it from its venv, ``PYTHONPATH=. $(bash scripts/setup_verifiers.sh) scripts/play_external_envs.py``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -45,6 +48,8 @@ def main() -> None:
     cache = Path(tempfile.mkdtemp(prefix="hfr-external-"))
 
     def solver(fn):
+        if hasattr(fn, "act"):  # already an agent (a tool-calling one)
+            return fn
         agent = ScriptedAgent(fn)
         agent.tokenizer = tok
         return agent
@@ -58,7 +63,7 @@ def main() -> None:
     def section(title, body):
         try:
             body()
-        except ImportError as exc:
+        except (ImportError, pytest.skip.Exception) as exc:  # the package (or a test module's importorskip)
             print(f"{title:<34} skipped: {exc}")
 
     def reasoning_gym():
@@ -127,7 +132,8 @@ def main() -> None:
 
         from hf_rollouts.envs.verifiers import VerifiersEnv
 
-        for kind, fn in (("single", t.adder), ("multi", t.bisect_solver), ("group", t.adder)):
+        for kind, fn in (("single", t.adder), ("multi", t.bisect_solver), ("group", t.adder),
+                         ("tools", t.AddAgent(tok))):  # fmt: skip
             env = VerifiersEnv(tok, {"env_id": "hfr-vf-arith", "env_args": {"kind": kind, "n": args.tasks}})
             play(f"verifiers:hfr-vf-arith ({kind})", env.get_train_dataset(args.tasks), fn,
                  allowed_env_modules=["hfr_vf_arith"])  # fmt: skip

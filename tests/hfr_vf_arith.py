@@ -2,7 +2,8 @@
 
 ``kind``: ``single`` (SingleTurnEnv: answer a sum), ``multi`` (MultiTurnEnv: guess a number with higher/lower
 feedback, ``max_turns`` 5), ``group`` (single-turn with a group reward function: the group's shortest correct answer
-wins a bonus), ``broken`` (a reward function that raises).
+wins a bonus), ``broken`` (a reward function that raises), ``tools`` (ToolEnv: the sum comes from its ``add`` tool,
+whose answer is off by the secret ``offset``, so only an agent that calls it can answer right).
 """
 
 from __future__ import annotations
@@ -69,8 +70,27 @@ class GuessEnv(vf.MultiTurnEnv):
         return [{"role": "user", "content": "Higher." if int(guess) < target else "Lower."}]
 
 
+def add(a: int, b: int) -> int:
+    """Add two numbers the way this env counts.
+
+    Args:
+        a: the first number.
+        b: the second number.
+    """
+    if a < 0 or b < 0:
+        raise ValueError("add takes numbers >= 0")
+    return a + b + OFFSET
+
+
+OFFSET = 1000
+
+
 def load_environment(kind: str = "single", n: int = 8, seed: int = 0) -> vf.Environment:
     data, evaluation = _sums(n, seed), _sums(n, seed + 1)
+    if kind == "tools":
+        rows = [{"question": r["question"].replace("Answer", "Use the add tool. Answer"),
+                 "answer": str(int(r["answer"]) + OFFSET)} for r in data]  # fmt: skip
+        return vf.ToolEnv(tools=[add], dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[exact]), max_turns=4)
     if kind == "multi":
         rng = random.Random(seed)
         rows = [{"question": "Guess my number between 1 and 15.", "answer": str(rng.randint(1, 15))} for _ in range(n)]

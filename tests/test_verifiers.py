@@ -1,7 +1,12 @@
-"""verifiers adapter (classic API, verifiers 0.3.x) with a small env package (tests/hfr_vf_arith.py)."""
+"""verifiers adapter (classic API, verifiers 0.3.x) with a small env package (tests/hfr_vf_arith.py).
+
+These run where verifiers imports. The main test venv has none (verifiers 0.3 pins mcp<2, the test extra has
+mcp>=2.3): there tests/test_verifiers_venv.py runs this file in the venv of ``scripts/setup_verifiers.sh``.
+"""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -10,10 +15,12 @@ import pytest
 pytest.importorskip("verifiers.legacy")
 
 from hf_rollouts import ScriptedAgent  # noqa: E402
+from hf_rollouts.agents.base import Agent  # noqa: E402
 from hf_rollouts.envs.check import check_env  # noqa: E402
 from hf_rollouts.envs.verifiers import VerifiersEnv  # noqa: E402
 from hf_rollouts.pipeline import generate_rollouts  # noqa: E402
 from hf_rollouts.schema import TaskValidationError  # noqa: E402
+from hf_rollouts.types import Action  # noqa: E402
 
 ALLOW = ["hfr_vf_arith"]
 
@@ -101,3 +108,72 @@ def test_check_env_and_trust(tokenizer, tmp_path):
         generate_rollouts(tasks, scripted(adder, tokenizer), 1, cache_dir=tmp_path, progress=False)
     fp = VerifiersEnv(tokenizer, {"env_id": "hfr-vf-arith"}).fingerprint()
     assert fp["verifiers"].startswith("0.3") and fp["env_module"] == "hfr_vf_arith"
+
+
+class AddAgent(Agent):
+    """Calls the env's add tool with the question's numbers (Hermes format, ended on the end token), then answers
+    the tool's result; with ``use_tool=False`` it answers the plain sum."""
+
+    def __init__(self, tok, use_tool=True, args=None):
+        self.tok = self.tokenizer = tok
+        self.use_tool, self.args = use_tool, args
+        self.seen = []  # (prompt ids, sampled ids) of every turn
+
+    def get_action(self, messages, agent_state=None):
+        raise NotImplementedError
+
+    def act(self, request):
+        question = next(m["content"] for m in request.messages if m["role"] == "user")
+        a, b = map(int, re.findall(r"\d+", question)[:2])
+        if self.use_tool and request.agent_state is None:
+            args = self.args or {"a": a, "b": b}
+            text = f'<tool_call>\n{{"name": "add", "arguments": {json.dumps(args)}}}\n</tool_call>'
+            state = "called"
+        else:
+            last = request.messages[-1]
+            text = f"The sum is {last['content'] if last['role'] == 'tool' else a + b}"
+            state = "answered"
+        ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+        self.seen.append((list(request.prompt_token_ids), ids))
+        return Action(text, ids, None, True), state
+
+
+def test_tool_env_calls_run_by_verifiers_token_exact(tokenizer, tmp_path):
+    env = VerifiersEnv(tokenizer, {"env_id": "hfr-vf-arith", "env_args": {"kind": "tools"}})
+    assert env.toolbox is not None and list(env.toolbox.tools) == ["add"]
+    tasks = env.get_train_dataset(4)
+    out = generate_rollouts(tasks, AddAgent(tokenizer), 2, cache_dir=tmp_path / "a", progress=False,
+                            allowed_env_modules=ALLOW)  # fmt: skip
+    assert flat(out, "statuses") == ["done"] * 8 and flat(out, "final_rewards") == [1.0] * 8
+    assert flat(out, "num_tool_calls") == [1] * 8 and flat(out, "num_tool_errors") == [0] * 8
+    columns = ("padded_tool_token_mask", "padded_agent_token_mask", "padded_per_token_rewards")
+    for tool_mask, agent_mask, rewards in zip(*(flat(out, c) for c in columns)):
+        assert any(m for m in tool_mask) and not any(t and a for t, a in zip(tool_mask, agent_mask))
+        assert all(r == 0 or a for r, a in zip(rewards, agent_mask))  # rewards only on agent tokens
+    tool_text = tokenizer.decode(
+        [t for t, m in zip(flat(out, "padded_full_token_ids")[0], flat(out, "padded_tool_token_mask")[0]) if m]
+    )
+    assert str(int(tasks[0]["task_data"]["answer"])) in tool_text  # verifiers' add ran: the tool turn holds its answer
+    without = generate_rollouts(tasks, AddAgent(tokenizer, use_tool=False), 1, cache_dir=tmp_path / "b",
+                                progress=False, allowed_env_modules=ALLOW)  # fmt: skip
+    assert flat(without, "final_rewards") == [0.0] * 4 and flat(without, "num_tool_calls") == [0] * 4
+
+
+def test_tool_env_tool_errors_reach_the_model(tokenizer):
+    env = VerifiersEnv(tokenizer, {"env_id": "hfr-vf-arith", "env_args": {"kind": "tools"}})
+    task = env.get_train_dataset(1)[0]["task_data"]
+    out = env.run_trial([task], AddAgent(tokenizer, args={"a": -1, "b": 2}), num_rollouts=1)
+    assert out["statuses"] == ["done"] and out["final_rewards"] == [0.0] and out["num_tool_calls"] == [1]
+    ids, mask = out["padded_full_token_ids"][0], out["padded_tool_token_mask"][0]
+    assert "add takes numbers >= 0" in tokenizer.decode([t for t, m in zip(ids, mask) if m])
+
+
+def test_tool_env_each_turn_saw_a_prefix_of_the_stored_sequence(tokenizer):
+    env = VerifiersEnv(tokenizer, {"env_id": "hfr-vf-arith", "env_args": {"kind": "tools"}})
+    agent = AddAgent(tokenizer)
+    out = env.run_trial([env.get_train_dataset(1)[0]["task_data"]], agent, num_rollouts=1)
+    full = [t for t, m in zip(out["padded_full_token_ids"][0], out["padded_full_attention_mask"][0]) if m]
+    assert len(agent.seen) == 2
+    for prompt, sampled in agent.seen:  # the model saw a prefix, and its sampled ids follow it as sampled
+        assert full[: len(prompt)] == prompt and full[len(prompt) : len(prompt) + len(sampled)] == sampled
+    assert full[-len(agent.seen[-1][1]) :] == agent.seen[-1][1]

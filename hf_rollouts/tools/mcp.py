@@ -37,7 +37,15 @@ def _client_class() -> Any:
     try:
         from mcp import Client
     except ImportError as exc:  # an optional dependency, checked when the object is built
-        raise ImportError(f"MCP tool servers need the mcp package: {MCP_INSTALL}.") from exc
+        from ..envs.external import package_version
+
+        found = package_version("mcp")
+        why = (
+            f"mcp {found} is installed, which has no mcp.Client (verifiers 0.3 pins mcp<2; use a venv without it)"
+            if found
+            else "the mcp package is not installed"
+        )
+        raise ImportError(f"MCP tool servers need mcp>=2.3: {why}. Install {MCP_INSTALL}.") from exc
     return Client
 
 

@@ -30,10 +30,17 @@ wrapped to report what they raised. ``stop_condition`` ``max_turns_reached``, ``
 single-turn env, its natural end). verifiers checks its turn limit before ``env_response`` sees the last answer,
 so an episode ended by the limit is ``truncated`` even when the rubric then scores that last answer as right.
 
-Not supported: tool environments (``ToolEnv``, ``StatefulToolEnv``, MCP envs) need tool calls parsed from the
-model's tokens (the tools issue); an env message with role ``tool`` or non-text content fails its episode with
-that reason. The 0.4 rewrite (``verifiers.v1``) drives the agent itself (``Env.run(task, agents)`` with harness
-scripts); see the README for what blocks a bridge.
+Tool environments (``ToolEnv``, ``StatefulToolEnv``, and others that declare ``tool_defs``): the env's tool
+definitions are rendered into the first prompt (``tools=`` of the chat template), the agent's calls are parsed from
+its sampled tokens in its chat template's format (:mod:`hf_rollouts.chat.tool_calls`, the library's tool loop), and
+:meth:`_call_tools` hands them to verifiers as the assistant message's ``tool_calls``; verifiers' own
+``env_response`` runs them (its ``call_tool``, ``update_tool_args``, ``error_formatter``) and its ``tool`` messages
+are appended as tool turns, token-exact. A turn without calls is the model's answer, as in verifiers (its
+``no_tools_called`` stop). verifiers formats a tool's exception as the tool message's text, so such a call is
+stored with status ``ok``. Non-text content fails the episode with that reason.
+
+The 0.4 rewrite (``verifiers.v1``) drives the agent itself (``Env.run(task, agents)`` with harness scripts); see the
+README for what blocks a bridge.
 
 The classic API is async and so are the hooks that drive it (``_initialize_episode``, ``_step_episode``,
 ``_calculate_group_rewards``): the engine awaits them on its event loop.
@@ -44,6 +51,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import json
 import math
 import time
 import uuid
@@ -52,6 +60,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from ...tools import Tool
+from ...types import ToolCall, ToolResult
 from ..base import MultistepEnv
 from ..config import EnvConfig, option
 from ..external import import_optional, package_version
@@ -119,10 +129,11 @@ def _text(message: Any, what: str) -> tuple[str, str]:
     get = message.get if isinstance(message, dict) else lambda k, d=None: getattr(message, k, d)
     role, content = get("role"), get("content")
     if role == "tool" or get("tool_calls"):
-        raise NotImplementedError(
-            f"{what} holds a tool call or tool result: verifiers tool environments need tool calls parsed from the "
-            "model's tokens, which hf_rollouts does not do yet (tools issue)."
-        )
+        raise ValueError(f"{what} holds a tool call or tool result where hf_rollouts expects text messages.")
+    return str(role), _content_text(content, what)
+
+
+def _content_text(content: Any, what: str) -> str:
     if isinstance(content, list):  # content parts: text only
         parts = [p.get("text") if isinstance(p, dict) else getattr(p, "text", None) for p in content]
         if not all(isinstance(p, str) for p in parts):
@@ -130,7 +141,19 @@ def _text(message: Any, what: str) -> tuple[str, str]:
         content = "".join(parts)
     if not isinstance(content, str):
         raise TypeError(f"{what} has content {content!r:.80}, not text.")
-    return str(role), content
+    return content
+
+
+def _schema(tool_def: Any) -> dict[str, Any]:
+    """A verifiers ``Tool`` (or its dict) as the chat template's ``{"type": "function", "function": ...}``."""
+    get = tool_def.get if isinstance(tool_def, dict) else lambda k, d=None: getattr(tool_def, k, d)
+    parameters = get("parameters") or {"type": "object", "properties": {}}
+    return {"type": "function", "function": {"name": get("name"), "description": get("description") or "",
+                                             "parameters": parameters}}  # fmt: skip
+
+
+def _run_by_verifiers(**kwargs: Any) -> Any:
+    raise RuntimeError("verifiers runs this tool (VerifiersEnv._call_tools); it is never called directly.")
 
 
 @dataclass
@@ -142,6 +165,7 @@ class VerifiersEpisode:
     system: str | None = None
     message: str = ""
     done: bool = False
+    ended_at_tools: bool = False  # verifiers completed the episode on a tool-calling turn
 
 
 class VerifiersEnv(MultistepEnv):
@@ -155,16 +179,27 @@ class VerifiersEnv(MultistepEnv):
         return [module_of(env_id)] if isinstance(env_id, str) and env_id else []
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
-        super().__init__(tokenizer, env_config)
-        self.vf = import_verifiers()
+        super().__init__(tokenizer, env_config)  # loads the env (_tools needs it)
         c = self.config
-        self.vf_env = self.vf.load_environment(c.env_id, **(c.env_args or {}))
-        for rubric in _rubrics(self.vf_env.rubric):
-            rubric.funcs = [_strict(f) for f in rubric.funcs]
         own = getattr(self.vf_env, "max_turns", None)
         if c.max_turns is None and isinstance(own, int) and own > 0:
             self.max_turns = own
         self.group_scored = bool(self.vf_env.requires_group_rollouts)
+
+    def _load(self) -> Any:
+        """The verifiers env (loaded once, on first use: the base class asks for :meth:`_tools` while it builds)."""
+        if getattr(self, "vf_env", None) is None:
+            self.vf = import_verifiers()
+            c = self.config
+            self.vf_env = self.vf.load_environment(c.env_id, **(c.env_args or {}))
+            for rubric in _rubrics(self.vf_env.rubric):
+                rubric.funcs = [_strict(f) for f in rubric.funcs]
+        return self.vf_env
+
+    def _tools(self) -> list[Any] | None:
+        """The env's ``tool_defs`` as tools; verifiers runs the calls (:meth:`_call_tools`), never these ``fn``."""
+        defs = getattr(self._load(), "tool_defs", None) or []
+        return [Tool(_schema(d), _run_by_verifiers) for d in defs] or None
 
     # -- hooks ------------------------------------------------------------------
     async def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> VerifiersEpisode:
@@ -210,11 +245,12 @@ class VerifiersEnv(MultistepEnv):
         env, vf, state = self.vf_env, self.vf, episode.state
         from verifiers.legacy.types import Response, ResponseMessage
 
-        message = ResponseMessage(content=action, finish_reason="stop", is_truncated=False)
-        response = Response(
-            id=uuid.uuid4().hex, created=int(time.time()), model=self.config.model_name, message=message
-        )
-        await env.add_model_response(state, episode.prompt, response)
+        if not episode.ended_at_tools:  # else the answer comes after verifiers' end: not its rollout's
+            message = ResponseMessage(content=action, finish_reason="stop", is_truncated=False)
+            response = Response(
+                id=uuid.uuid4().hex, created=int(time.time()), model=self.config.model_name, message=message
+            )
+            await env.add_model_response(state, episode.prompt, response)
         if not await env.is_completed(state):
             try:
                 prompt = list(await env.get_prompt_messages(state))
@@ -248,6 +284,41 @@ class VerifiersEnv(MultistepEnv):
         info.update({f"metric_{k}": float(v) for k, v in (state.get("metrics") or {}).items()
                      if isinstance(v, (int, float))})  # fmt: skip
         return episode, reward, True, info
+
+    async def _call_tools(self, session_id: str, episode: VerifiersEpisode, calls: list[ToolCall]) -> list[ToolResult]:
+        """One tool-calling turn, run by verifiers: the calls go in as the model's ``tool_calls``, its
+        ``env_response`` answers them with ``tool`` messages (matched back by call id)."""
+        env, vf, state = self.vf_env, self.vf, episode.state
+        from verifiers.legacy.types import Response, ResponseMessage
+        from verifiers.legacy.types import ToolCall as VfToolCall
+
+        vf_calls = [VfToolCall(id=c.id, name=c.name, arguments=json.dumps(c.arguments)) for c in calls]
+        message = ResponseMessage(content=None, tool_calls=vf_calls, finish_reason="tool_calls", is_truncated=False)
+        response = Response(
+            id=uuid.uuid4().hex, created=int(time.time()), model=self.config.model_name, message=message
+        )
+        await env.add_model_response(state, episode.prompt, response)
+        if await env.is_completed(state):  # e.g. its own turn limit: nothing will read the results
+            episode.ended_at_tools = True
+            return [ToolResult(c, "Error: not run, the environment ended the episode.", "not_run") for c in calls]
+        try:
+            prompt = list(await env.get_prompt_messages(state))
+        except vf.Error as exc:
+            state["error"] = exc
+            prompt = episode.prompt
+        self._raise_error(state)
+        new = prompt[len(episode.prompt) + 1 :]  # after the assistant message just added
+        answers: dict[str, str] = {}
+        for m in new:
+            get = m.get if isinstance(m, dict) else lambda k, d=None, m=m: getattr(m, k, d)
+            if get("role") != "tool":
+                raise ValueError(f"the env answered tool calls with a {get('role')!r} message; expected tool messages.")
+            answers[str(get("tool_call_id"))] = _content_text(get("content"), "the env's tool message")
+        missing = [c.id for c in calls if c.id not in answers]
+        if missing:
+            raise ValueError(f"the env's tool messages answer no call with id {missing}.")
+        episode.prompt = prompt
+        return [ToolResult(c, answers[c.id]) for c in calls]
 
     async def _calculate_group_rewards(
         self, task_data: dict[str, Any], episodes: list[Any], final_rewards: list[float]
