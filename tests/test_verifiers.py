@@ -12,7 +12,10 @@ import re
 
 import pytest
 
-pytest.importorskip("verifiers.legacy")
+pytest.importorskip(
+    "verifiers.legacy",
+    reason="verifiers is not installed here (it pins mcp<2); tests/test_verifiers_venv.py runs this file in its venv",
+)
 
 from hf_rollouts import ScriptedAgent  # noqa: E402
 from hf_rollouts.agents.base import Agent  # noqa: E402
