@@ -180,3 +180,10 @@ def test_tool_env_each_turn_saw_a_prefix_of_the_stored_sequence(tokenizer):
     for prompt, sampled in agent.seen:  # the model saw a prefix, and its sampled ids follow it as sampled
         assert full[: len(prompt)] == prompt and full[len(prompt) : len(prompt) + len(sampled)] == sampled
     assert full[-len(agent.seen[-1][1]) :] == agent.seen[-1][1]
+
+
+def test_mcp_tools_name_the_old_mcp_that_verifiers_pins():
+    from hf_rollouts.tools.mcp import MCPTools
+
+    with pytest.raises(ImportError, match=r"need mcp>=2\.3: mcp 1\.\d+\.\d+ is installed, which has no mcp\.Client"):
+        MCPTools("stdio:python -c pass")

@@ -37,9 +37,12 @@ def _client_class() -> Any:
     try:
         from mcp import Client
     except ImportError as exc:  # an optional dependency, checked when the object is built
-        from ..envs.external import package_version
+        from importlib.metadata import PackageNotFoundError, version
 
-        found = package_version("mcp")
+        try:
+            found = version("mcp")
+        except PackageNotFoundError:
+            found = None
         why = (
             f"mcp {found} is installed, which has no mcp.Client (verifiers 0.3 pins mcp<2; use a venv without it)"
             if found
