@@ -46,6 +46,7 @@ import torch
 from datasets import disable_progress_bars
 
 from hf_rollouts.agents.hf import TransformersAgent
+from hf_rollouts.agents.hf.kv_cache import cache_kwarg
 from hf_rollouts.agents.hf.sampler import RowSampler
 from hf_rollouts.agents.sampling import SamplingConfig
 from hf_rollouts.envs.twenty_questions import TwentyQuestionsEnv
@@ -134,7 +135,7 @@ class CallLog:
             return real_select(cache, indices)
 
         def generate(**kw):
-            past = kw.get("past_key_values")
+            past = kw.get(cache_kwarg(model))
             reuse = past is not None and past.get_seq_length() > 0  # a fresh call may bring an empty cache
             out = real_generate(**kw)
             sampler = (kw.get("logits_processor") or [None])[0]
@@ -178,11 +179,11 @@ def replay(model, calls, generation_config, device) -> float:
         out = model.generate(
             input_ids=call["input_ids"],
             attention_mask=call["attention_mask"],
-            past_key_values=past,
+            **{cache_kwarg(model): past},
             generation_config=config,
             logits_processor=None if sampler is None else [sampler],
         )
-        cache = out.past_key_values
+        cache = getattr(out, cache_kwarg(model))
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start
@@ -207,8 +208,8 @@ def hand_written(model, calls, device) -> float:
         held = cache.get_seq_length()
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)
         out = model(
-            input_ids=ids[:, held:], attention_mask=mask, position_ids=positions[:, held:], past_key_values=cache,
-            logits_to_keep=1,
+            input_ids=ids[:, held:], attention_mask=mask, position_ids=positions[:, held:], logits_to_keep=1,
+            **{cache_kwarg(model): cache},
         )  # fmt: skip
         sampler = None if call["sampler"] is None else RowSampler(*call["sampler"], device)
         position = positions[:, -1:]
@@ -223,7 +224,9 @@ def hand_written(model, calls, device) -> float:
                 break  # the last sampled id is not fed back, as in generate
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
             position = position + 1
-            out = model(input_ids=token[:, None], attention_mask=mask, position_ids=position, past_key_values=cache)
+            out = model(
+                input_ids=token[:, None], attention_mask=mask, position_ids=position, **{cache_kwarg(model): cache}
+            )
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start

@@ -1,7 +1,8 @@
 """A small verifiers (classic API) environment package for the adapter's tests: ``vf.load_environment("hfr-vf-arith")``.
 
 ``kind``: ``single`` (SingleTurnEnv: answer a sum), ``multi`` (MultiTurnEnv: guess a number with higher/lower
-feedback, ``max_turns`` 5), ``group`` (single-turn with a group reward function: the group's shortest correct answer
+feedback, ``max_turns`` 5; ``took_part_weight`` adds a reward for answering at all, ``group`` a group reward
+function), ``group`` (single-turn with a group reward function: the group's shortest correct answer
 wins a bonus), ``broken`` (a reward function that raises), ``tools`` (ToolEnv: the sum comes from its ``add`` tool,
 whose answer is off by the secret ``offset``, so only an agent that calls it can answer right).
 """
@@ -85,7 +86,14 @@ def add(a: int, b: int) -> int:
 OFFSET = 1000
 
 
-def load_environment(kind: str = "single", n: int = 8, seed: int = 0) -> vf.Environment:
+def took_part(completion, **kwargs) -> float:
+    """Any assistant answer at all: a reward that shows a rollout was scored."""
+    return float(bool(_completion_text(completion)))
+
+
+def load_environment(
+    kind: str = "single", n: int = 8, seed: int = 0, took_part_weight: float = 0.0, group: bool = False
+) -> vf.Environment:
     data, evaluation = _sums(n, seed), _sums(n, seed + 1)
     if kind == "tools":
         rows = [{"question": r["question"].replace("Answer", "Use the add tool. Answer"),
@@ -94,7 +102,10 @@ def load_environment(kind: str = "single", n: int = 8, seed: int = 0) -> vf.Envi
     if kind == "multi":
         rng = random.Random(seed)
         rows = [{"question": "Guess my number between 1 and 15.", "answer": str(rng.randint(1, 15))} for _ in range(n)]
-        return GuessEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[exact]), max_turns=5)
+        funcs, weights = [exact, took_part], [1.0, took_part_weight]
+        if group:
+            funcs, weights = [*funcs, shortest_correct], [*weights, 1.0]
+        return GuessEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=funcs, weights=weights), max_turns=5)
     if kind == "group":
         rubric = vf.Rubric(funcs=[exact, shortest_correct], weights=[1.0, 1.0])
         return vf.SingleTurnEnv(dataset=data, eval_dataset=evaluation, rubric=rubric)

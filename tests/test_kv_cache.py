@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from hf_rollouts.agents.hf.backends import generate_padded
-from hf_rollouts.agents.hf.kv_cache import GrowingCache, GrowingLayer
+from hf_rollouts.agents.hf.kv_cache import GrowingCache, GrowingLayer, cache_kwarg
 from hf_rollouts.agents.hf.sampler import RowSampler
 from hf_rollouts.types import AgentRequest
 
@@ -18,7 +18,9 @@ def _greedy(model, ids, mask, cache, steps):
         pad_token_id=0, eos_token_id=None,
     )  # fmt: skip
     with torch.inference_mode():
-        return model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, generation_config=config)
+        return model.generate(
+            input_ids=ids, attention_mask=mask, **{cache_kwarg(model): cache}, generation_config=config
+        )
 
 
 def test_growing_cache_gives_dynamic_caches_values_bit_for_bit(tiny):
@@ -32,7 +34,7 @@ def test_growing_cache_gives_dynamic_caches_values_bit_for_bit(tiny):
     runs = {}
     for kind in (DynamicCache, GrowingCache):
         out = _greedy(model, ids, mask, kind(), steps)
-        cache = out.past_key_values
+        cache = getattr(out, cache_kwarg(model))
         assert type(cache) is kind
         cache.batch_select_indices(torch.tensor([3, 0]))  # two episodes go on, as in a kept cache's next turn
         more = torch.cat([out.sequences[[3, 0]], ids[:2, :5]], 1)
@@ -44,9 +46,10 @@ def test_growing_cache_gives_dynamic_caches_values_bit_for_bit(tiny):
     assert torch.equal(a.sequences, b.sequences) and torch.equal(a2.sequences, b2.sequences)
     for x, y in zip(a.logits + a2.logits, b.logits + b2.logits):
         assert torch.equal(x, y)
-    layer = b2.past_key_values.layers[0]
+    key = cache_kwarg(model)
+    layer = getattr(b2, key).layers[0]
     assert isinstance(layer, GrowingLayer) and layer._k.shape[-2] > layer.keys.shape[-2]  # spare room kept
-    assert b2.past_key_values.get_seq_length() == a2.past_key_values.get_seq_length()
+    assert getattr(b2, key).get_seq_length() == getattr(a2, key).get_seq_length()
 
 
 def test_growing_cache_crop_and_reset(tiny):

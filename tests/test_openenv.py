@@ -136,6 +136,20 @@ def test_env_turn_limit_is_truncated_and_tiny_model_plays(server_url, tiny, tmp_
     assert all(math.isfinite(r) for row in out["final_rewards"] for r in row)
 
 
+def test_episodes_we_end_first_free_their_session_at_once(tokenizer, tmp_path):
+    """Our max_turns (2) below the server's limit: each cut episode closes its session when it ends, so a server
+    with as many slots as episodes alive at once (4) serves 16 episodes without CAPACITY_REACHED."""
+    server, thread, url = _serve(GuessEnv, 4)
+    try:
+        tasks = OpenEnvEnv(tokenizer, {"base_url": url, "max_turns": 2}).get_train_dataset(4)
+        out = generate_rollouts(tasks, scripted(lambda m: "0", tokenizer), 4, cache_dir=tmp_path, progress=False,
+                                allowed_env_models=[url], max_concurrency=4)  # fmt: skip
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert [s for row in out["statuses"] for s in row] == ["truncated"] * 16, out["errors"]
+
+
 def test_check_env(server_url, tokenizer):
     assert check_env(OpenEnvEnv, tokenizer, env_config={"base_url": server_url}).steps > 0
 

@@ -71,6 +71,17 @@ class TwoTurnDigitsEnv(MultistepEnv):
         return total
 
 
+class GroupDigitsEnv(TwoTurnDigitsEnv):
+    """TwoTurnDigitsEnv whose final rewards are ranks within the group (0, 1, ...; ties by order)."""
+
+    groups: ClassVar[list[list[float]]] = []  # the final rewards each group hook call saw
+
+    def _calculate_group_rewards(self, task_data, states, final_rewards):
+        self.groups.append(list(final_rewards))
+        order = sorted(range(len(states)), key=lambda i: final_rewards[i])
+        return [float(order.index(i)) for i in range(len(states))]
+
+
 ENV_PATH = f"{TwoTurnDigitsEnv.__module__}.TwoTurnDigitsEnv"
 ALLOWED = (TwoTurnDigitsEnv.__module__,)
 
@@ -304,6 +315,18 @@ def test_errors_are_none_rewards_and_never_empty_completions(direct):
     rewards = env_reward(prompts=[], completions=[], **out)
     assert rewards[:2] == out["env_final_reward"][:2] and rewards[2:] == [None] * 4
     assert all(math.isnan(r) for r in out["env_final_reward"][2:])
+
+
+def test_group_rewards_over_each_prompts_repeats(direct):
+    """GRPOTrainer repeats each prompt num_generations times in a row: those episodes are one group for the env's
+    group hook, and the group's rewards reach TRL (never the un-grouped ones)."""
+    rows = [{**r, "env_class_path": f"{__name__}.GroupDigitsEnv"} for r in task_rows(2)]
+    GroupDigitsEnv.groups.clear()
+    out = direct.rollout(_prompts(rows, repeat=3), direct.trainer)
+    assert [len(g) for g in GroupDigitsEnv.groups] == [3, 3]
+    assert out["env_status"] == ["done"] * 6
+    assert sorted(out["env_final_reward"][:3]) == sorted(out["env_final_reward"][3:]) == [0.0, 1.0, 2.0]
+    assert all("env_state" not in e for e in direct.rollout.last_episodes)
 
 
 def test_gradient_checkpointing_in_train_mode_still_samples_exactly_with_kv_reuse(direct):

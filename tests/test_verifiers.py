@@ -187,3 +187,30 @@ def test_mcp_tools_name_the_old_mcp_that_verifiers_pins():
 
     with pytest.raises(ImportError, match=r"need mcp>=2\.3: mcp 1\.\d+\.\d+ is installed, which has no mcp\.Client"):
         MCPTools("stdio:python -c pass")
+
+
+def test_an_episode_we_end_first_is_cleaned_up_and_scored(tokenizer):
+    """Our max_turns (2) below the env's (5): verifiers never completes the episode; it is stored truncated,
+    cleaned up and scored by the rubric, the score on its last agent turn."""
+    env_args = {"kind": "multi", "took_part_weight": 0.25}
+    env = VerifiersEnv(tokenizer, {"env_id": "hfr-vf-arith", "env_args": env_args, "max_turns": 2})
+    tasks = [t["task_data"] for t in env.get_train_dataset(2)]
+    out = env.run_trial(tasks, scripted(lambda m: "0", tokenizer), num_rollouts=2)
+    assert out["statuses"] == ["truncated"] * 4 and out["final_rewards"] == [0.25] * 4
+    for k in range(4):
+        rewards, mask = out["padded_per_token_rewards"][k], out["padded_agent_token_mask"][k]
+        assert sum(rewards) == pytest.approx(0.25) and all(m or not r for r, m in zip(rewards, mask))
+    one = env._run_complete_episode("s", ScriptedAgent(["0"]), tasks[0])  # a group of one: scored the same
+    assert one["status"] == "truncated" and one["final_reward"] == 0.25 and "env_state" not in one
+
+
+def test_a_group_rubric_scores_members_we_ended_first(tokenizer):
+    env_args = {"kind": "multi", "took_part_weight": 0.25, "group": True}
+    env = VerifiersEnv(tokenizer, {"env_id": "hfr-vf-arith", "env_args": env_args, "max_turns": 2})
+    assert env.group_scored
+    task = env.get_train_dataset(1)[0]["task_data"]
+    target = int(task["answer"])
+    answers = iter([str(target), "0", "0"])  # rollout 0 wins on its first turn, the others are cut after two
+    out = env.run_trial([task], scripted(lambda m: next(answers, "0"), tokenizer), num_rollouts=3, max_concurrency=1)
+    assert out["statuses"] == ["done", "truncated", "truncated"]
+    assert out["final_rewards"] == [1.75, 0.25, 0.25]  # exact + took part + the group's shortest-correct bonus

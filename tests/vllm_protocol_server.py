@@ -51,6 +51,7 @@ Run by hand: ``python tests/vllm_protocol_server.py --model DIR --port 8011 [--l
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import threading
 import time
@@ -319,9 +320,10 @@ class VLLMProtocolServer:
         lps: list[float] = []
         with self._model_lock:
             past, step = None, torch.tensor([prompt_ids])
+            key = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters else "past_key_values"
             for _ in range(p["max_tokens"]):
-                out = self.model(input_ids=step, past_key_values=past, use_cache=True)
-                past, logits = out.past_key_values, out.logits[0, -1].float()
+                out = self.model(input_ids=step, **{key: past}, use_cache=True)
+                past, logits = getattr(out, key), out.logits[0, -1].float()
                 for token_id, bias in p["logit_bias"].items():  # OpenAI's logit_bias, a logits processor
                     logits[token_id] += bias
                 raw = torch.log_softmax(logits, -1)

@@ -199,8 +199,12 @@ class MultistepEnv(ABC):
         """Final rewards over a whole group: all rollouts of ``task_data`` that ended without error, given their final
         states and final rewards (after :meth:`_calculate_reward`). Return one reward per state, or ``None`` to keep
         them (the default). Called once per task after its episodes end and before padding; a changed reward is
-        placed on the rollout's last agent turn (:mod:`hf_rollouts.rollout.group`). May be ``async def``."""
+        placed on the rollout's last agent turn (:mod:`hf_rollouts.rollout.group`). May be ``async def``.
+        Only an env that overrides it has its states kept until then (else each is released when its episode
+        ends)."""
         return None
+
+    _calculate_group_rewards.default_hook = True  # type: ignore[attr-defined]
 
     def _system_prompt(self, state: Any) -> str | None:
         """Optional system message opening every episode (``env_config['system_prompt']`` wins)."""
@@ -286,9 +290,11 @@ class MultistepEnv(ABC):
         ``per_token_rewards``, ``final_reward``, plus ``sampled_token_mask``, ``logprobs``
         (None if the agent gave none), ``num_turns``, ``num_cut_turns``, ``status``,
         ``error``, ``messages`` and ``turns`` (:class:`~hf_rollouts.types.Episode`).
-        With ``on_error="raise"`` exceptions propagate.
+        With ``on_error="raise"`` exceptions propagate. The env's group rewards are applied with the episode as
+        its own group (there is no other rollout of the task here).
         """
-        return run_episode(self, session_id, agent, task_data, on_error=on_error).to_dict()
+        episode = run_episode(self, session_id, agent, task_data, on_error=on_error).to_dict()
+        return apply_group_rewards(self, task_data, [episode], on_error=on_error)[0]  # a group of one
 
     _run_complete_episode.engine_door = True  # type: ignore[attr-defined]
     """The scheduler plays episodes of envs that keep this door with its own loop (same result, no thread

@@ -16,7 +16,7 @@ Nothing here imports an environment module: environments are used through the ho
 
 from .aio import ENGINE_LOOP, resolve
 from .episode import EpisodeEnv, run_episode
-from .group import apply_group_rewards
+from .group import apply_group_rewards, uses_group_hook
 from .jobs import EpisodeJob, episode_jobs
 from .padding import pad_groups, pad_task
 from .recorder import REWARD_PLACEMENTS, EpisodeRecorder
@@ -30,6 +30,7 @@ __all__ = [
     "EpisodeJob",
     "EpisodeRecorder",
     "apply_group_rewards",
+    "uses_group_hook",
     "episode_jobs",
     "pad_groups",
     "pad_task",

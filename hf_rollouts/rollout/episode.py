@@ -28,6 +28,7 @@ from ..agents.base import Agent
 from ..chat import ChatDelta
 from ..types import AgentRequest, Episode
 from .aio import resolve
+from .group import uses_group_hook
 from .recorder import EpisodeRecorder
 from .tool_loop import agent_turn, turns_left
 
@@ -164,7 +165,8 @@ def episode_steps(
             if done:
                 break
         final = yield from hook("_calculate_reward", env._calculate_reward, state, step_rewards)
-        return rec.finish("done" if done else "truncated", final, env_state=state)
+        kept = state if uses_group_hook(env) else None  # else released now (a session, a subprocess)
+        return rec.finish("done" if done else "truncated", final, env_state=kept)
     except Exception as exc:
         if on_error == "raise":
             raise

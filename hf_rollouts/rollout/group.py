@@ -16,7 +16,9 @@ anything but one finite number per state makes every rollout it was given ``erro
 message; never a zero reward. The hook may be ``async def``: it is awaited on the engine's event loop
 (:mod:`.aio`), where the env's async hooks ran.
 
-Env states are kept on the episodes only until this step and then dropped: they never reach a dataset.
+Env states are kept on the episodes only for an env that overrides the hook, only until this step, and then
+dropped: they never reach a dataset. An episode with no agent turn keeps its final reward (there is no turn to
+place a change on).
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ from .aio import resolve
 from .recorder import place_reward
 
 GROUP_HOOK = "_calculate_group_rewards"
+
+
+def uses_group_hook(env: Any) -> bool:
+    """Whether ``env`` overrides the group hook (the base class's default is marked ``default_hook``); only then
+    are env states kept on the episodes until :func:`apply_group_rewards`, so a state holding a session, a
+    subprocess or a sandbox is released when its episode ends."""
+    hook = getattr(env, GROUP_HOOK, None)
+    return hook is not None and not getattr(hook, "default_hook", False)
 
 
 def _checked(result: Any, n: int, name: str) -> list[float] | None:
@@ -49,17 +59,18 @@ def _as_error(episode: dict[str, Any], message: str) -> dict[str, Any]:
 
 
 def _adjust(episode: dict[str, Any], reward: float, placement: str) -> dict[str, Any]:
+    turns = episode.get("turns") or []
+    if not turns:  # no agent turn to place a change on: the reward rule keeps the reward as it was
+        return episode
     delta = reward - episode["final_reward"]
     episode = {**episode, "final_reward": reward}
-    turns = episode.get("turns") or []
-    if turns:
-        last = turns[-1]
-        last.info["group_reward"] = reward
-        if delta != 0.0:
-            rewards = list(episode["per_token_rewards"])
-            place_reward(rewards, episode["agent_token_mask"], last, delta, placement)
-            last.reward += delta
-            episode["per_token_rewards"] = rewards
+    last = turns[-1]
+    last.info["group_reward"] = reward
+    if delta != 0.0:
+        rewards = list(episode["per_token_rewards"])
+        place_reward(rewards, episode["agent_token_mask"], last, delta, placement)
+        last.reward += delta
+        episode["per_token_rewards"] = rewards
     return episode
 
 
@@ -68,11 +79,11 @@ def apply_group_rewards(
 ) -> list[dict[str, Any]]:
     """``episodes`` (one task's unpadded episode dicts) with the env's group rewards applied (see the module
     docstring) and their env states dropped. ``on_error="raise"`` re-raises a failing hook."""
-    hook = getattr(env, GROUP_HOOK, None)
     members = [i for i, e in enumerate(episodes) if e.get("status") != "error"]
     out = [{k: v for k, v in e.items() if k != "env_state"} for e in episodes]
-    if hook is None or not members:
+    if not uses_group_hook(env) or not members:
         return out
+    hook = getattr(env, GROUP_HOOK)
     name = f"{type(env).__name__}.{GROUP_HOOK}"
     try:
         states = [episodes[i].get("env_state") for i in members]
@@ -92,4 +103,4 @@ def apply_group_rewards(
     return out
 
 
-__all__ = ["GROUP_HOOK", "apply_group_rewards"]
+__all__ = ["GROUP_HOOK", "apply_group_rewards", "uses_group_hook"]

@@ -16,7 +16,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from ...types import AgentRequest
-from .kv_cache import GrowingCache, KVState, extend, kv_reuse_unsafe_reason, left_pad
+from .kv_cache import GrowingCache, KVState, cache_kwarg, extend, kv_reuse_unsafe_reason, left_pad
 from .sampler import RowSampler
 
 Sampled = list[tuple[list[int], list[float]]]
@@ -63,7 +63,7 @@ def generate_padded(
     out = model.generate(
         input_ids=input_ids,
         attention_mask=attention,
-        past_key_values=cache,
+        **{cache_kwarg(model): cache},
         generation_config=config,
         logits_processor=None if sampler is None else [sampler],
         stopping_criteria=None if stopping is None else stopping(width),
@@ -93,7 +93,7 @@ def generate_padded(
         seen=seen,
         input_ids=out.sequences,
         attention=torch.cat([attention, kept.to(device)], 1),
-        cache=out.past_key_values,
+        cache=getattr(out, cache_kwarg(model)),
     )
     return results, state
 

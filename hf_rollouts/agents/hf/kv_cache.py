@@ -13,6 +13,7 @@ decode step on CPU); a :class:`GrowingCache` writes each step in place into spar
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,12 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from ...types import AgentRequest
+
+
+def cache_kwarg(model: PreTrainedModel) -> str:
+    """The keyword ``model`` (and its ``generate``) takes a KV cache by: ``cache`` since transformers renamed
+    ``past_key_values`` (5.2x, which warns on the old name), ``past_key_values`` before (vLLM's pinned 5.19)."""
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
 
 
 def kv_reuse_unsafe_reason(model: PreTrainedModel) -> str | None:

@@ -176,6 +176,15 @@ class OpenEnvEnv(MultistepEnv):
         state.message = self.observation_text(observation)
         return state, float(reward), False, info
 
+    async def _calculate_reward(self, state: OpenEnvEpisode, step_rewards: list[float]) -> float:
+        """The sum of the step rewards; closes the session of an episode hf_rollouts ended first (its
+        ``max_turns``, a token budget), so the server's slot is free for the next episode at once."""
+        if not state.done:
+            state.done = True
+            await _close(state.client)
+            state.closer.detach()
+        return float(sum(step_rewards))
+
     # -- tasks ------------------------------------------------------------------
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
         if split not in ("train", "eval"):

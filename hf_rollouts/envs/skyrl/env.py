@@ -184,6 +184,11 @@ class SkyRLGymEnv(MultistepEnv):
         state.message = "\n".join(c for c in contents if c) or self.config.empty_observation
         return state, float(reward), False, info
 
+    def _calculate_reward(self, state: SkyRLEpisode, step_rewards: list[float]) -> float:
+        """The sum of the step rewards; closes the SkyRL env of an episode hf_rollouts ended first."""
+        state.closer()  # a finalizer runs once: a no-op after a done step
+        return float(sum(step_rewards))
+
     # -- tasks --------------------------------------------------------------------
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
         if split not in ("train", "eval"):

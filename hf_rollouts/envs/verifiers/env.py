@@ -25,10 +25,15 @@ library renders the chat template and records tokens itself; verifiers sees mess
 
 Failures: verifiers records an env error in ``state["error"]`` and its reward functions turn exceptions into
 0.0 (with a log line); here both make the episode ``error`` (NaN), never a zero reward: reward functions are
-wrapped to report what they raised. ``stop_condition`` ``max_turns_reached``, ``timeout_reached``,
-``prompt_too_long`` or a truncated response store the episode as ``truncated`` (except ``max_turns_reached`` of a
-single-turn env, its natural end). verifiers checks its turn limit before ``env_response`` sees the last answer,
-so an episode ended by the limit is ``truncated`` even when the rubric then scores that last answer as right.
+wrapped to report what they raised. A ``stop_condition`` of ``max_turns_reached`` or ``prompt_too_long`` (a stop
+condition of the env's own) stores the episode as ``truncated`` (except ``max_turns_reached`` of a single-turn env,
+its natural end); verifiers' ``timeout_seconds`` is not applied (use ``episode_timeout``), and a turn cut by
+``max_new_tokens`` reaches verifiers as a whole response (the cut is in our ``num_cut_turns``). verifiers checks its
+turn limit before ``env_response`` sees the last answer, so an episode ended by the limit is ``truncated`` even when
+the rubric then scores that last answer as right. An episode hf_rollouts ends first (its ``max_turns``,
+``max_episode_tokens``, a tool limit) is ``truncated`` too, cleaned up (verifiers' ``cleanup``, as its own rollout
+does in ``finally``) and scored by the rubric like any other; that score reaches its last agent turn through the
+group step (:meth:`_calculate_group_rewards`).
 
 Tool environments (``ToolEnv``, ``StatefulToolEnv``, and others that declare ``tool_defs``): the env's tool
 definitions are rendered into the first prompt (``tools=`` of the chat template), the agent's calls are parsed from
@@ -166,6 +171,7 @@ class VerifiersEpisode:
     message: str = ""
     done: bool = False
     ended_at_tools: bool = False  # verifiers completed the episode on a tool-calling turn
+    cut: bool = False  # hf_rollouts ended it before verifiers did: scored in the group step
 
 
 class VerifiersEnv(MultistepEnv):
@@ -268,15 +274,7 @@ class VerifiersEnv(MultistepEnv):
         episode.done = True
         self._raise_error(state)
         await env.cleanup(state)
-        reward = 0.0
-        if not self.group_scored:
-            await _scored(
-                env.rubric.score_rollout(state) if env.score_rollouts else env.rubric.dummy_score_rollout(state)
-            )
-            await env.rubric.cleanup(state)
-            reward = float(state["reward"])
-            if not math.isfinite(reward):
-                raise ValueError(f"verifiers rubric scored {reward}, not a finite number.")
+        reward = 0.0 if self.group_scored else await self._score_rollout(state)
         stop = state.get("stop_condition")
         single_turn = stop == "max_turns_reached" and getattr(env, "max_turns", 0) == 1  # its natural end
         truncated = bool(state.get("is_truncated")) or (stop in TRUNCATING_STOPS and not single_turn)
@@ -320,16 +318,42 @@ class VerifiersEnv(MultistepEnv):
         episode.prompt = prompt
         return [ToolResult(c, answers[c.id]) for c in calls]
 
+    async def _calculate_reward(self, episode: VerifiersEpisode, step_rewards: list[float]) -> float:
+        """The sum of the step rewards; an episode hf_rollouts ended before verifiers did is cleaned up here (it is
+        scored in :meth:`_calculate_group_rewards`, which places the score on its last agent turn)."""
+        if not episode.done:
+            episode.done = episode.cut = True
+            await self.vf_env.cleanup(episode.state)
+        return float(sum(step_rewards))
+
     async def _calculate_group_rewards(
         self, task_data: dict[str, Any], episodes: list[Any], final_rewards: list[float]
     ) -> list[float] | None:
-        if not self.group_scored or not episodes:
+        """Group rubrics over all of a task's rollouts; otherwise the rubric's score of each rollout hf_rollouts
+        ended first (the others were scored on their last step)."""
+        env = self.vf_env
+        if self.group_scored and episodes:
+            states, rubric = [e.state for e in episodes], env.rubric
+            await _scored(rubric.score_group(states) if env.score_rollouts else rubric.dummy_score_group(states))
+            for state in states:
+                await env.rubric.cleanup(state)
+            return [float(s["reward"]) for s in states]
+        if not any(e.cut for e in episodes):
             return None
-        env, states = self.vf_env, [e.state for e in episodes]
-        await _scored(env.rubric.score_group(states) if env.score_rollouts else env.rubric.dummy_score_group(states))
-        for state in states:
-            await env.rubric.cleanup(state)
-        return [float(s["reward"]) for s in states]
+        rewards = list(final_rewards)
+        for i, e in enumerate(episodes):
+            if e.cut:
+                rewards[i] = await self._score_rollout(e.state)
+        return rewards
+
+    async def _score_rollout(self, state: Any) -> float:
+        env = self.vf_env
+        await _scored(env.rubric.score_rollout(state) if env.score_rollouts else env.rubric.dummy_score_rollout(state))
+        await env.rubric.cleanup(state)
+        reward = float(state["reward"])
+        if not math.isfinite(reward):
+            raise ValueError(f"verifiers rubric scored {reward}, not a finite number.")
+        return reward
 
     # -- tasks ------------------------------------------------------------------
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
@@ -348,6 +372,4 @@ class VerifiersEnv(MultistepEnv):
 
 
 def _jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
-    import json
-
     return json.loads(json.dumps(dict(row), default=str))

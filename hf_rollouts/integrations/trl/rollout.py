@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerBase
 from ...agents.base import Agent
 from ...envs.base import MultistepEnv
 from ...envs.registry import validate_tasks
-from ...rollout import DEFAULT_ENV_WORKERS, episode_jobs, run_episodes
+from ...rollout import DEFAULT_ENV_WORKERS, apply_group_rewards, episode_jobs, run_episodes
 from ...schema import TaskValidationError, to_task_dataset
 from .agents import TrainerPolicyAgent, TRLSampling, VLLMServerAgent, generation_mode, stop_token_ids, vllm_client
 from .dataset import task_from_prompt
@@ -54,6 +54,21 @@ class TRLRolloutOptions:
                 raise ValueError(f"{name} must be > 0 seconds or None, got {value!r}.")
 
 
+def group_rewards(played: list[tuple[Any, Any, dict[str, Any]]], episodes: list[dict[str, Any]]) -> list[dict]:
+    """``episodes`` with the env's group rewards applied (:func:`~hf_rollouts.rollout.apply_group_rewards`) over
+    each run of consecutive prompts of the same task row and env: GRPOTrainer repeats each prompt
+    ``num_generations`` times in a row, so a run is one GRPO group (the part of it this process plays)."""
+    out: list[dict[str, Any]] = []
+    keys = [(id(env), row) for env, row, _ in played]
+    start = 0
+    for end in range(1, len(played) + 1):
+        if end == len(played) or keys[end] != keys[start]:
+            env, _, task_data = played[start]
+            out += apply_group_rewards(env, task_data, episodes[start:end])
+            start = end
+    return out
+
+
 class RolloutFunc:
     """``rollout_func(prompts, trainer)`` for ``GRPOTrainer``; see :mod:`hf_rollouts.integrations.trl`.
 
@@ -72,11 +87,12 @@ class RolloutFunc:
         self.calls += 1
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         sampling = TRLSampling.from_args(trainer.args, self.options.max_new_tokens)
-        jobs = []
+        jobs, played = [], []
         for i, prompt in enumerate(prompts):  # one episode per entry: TRL already repeated each prompt G times
             row, task = task_from_prompt(prompt, f"prompt {i}")
             env = self._env(tokenizer, task, f"prompt {i} (task row {row})")
             jobs += episode_jobs(env, [task["task_data"]], 1, prefix=f"trl-call{self.calls}/prompt{i}/", start=i)
+            played.append((env, row, task["task_data"]))
         if getattr(trainer.args, "use_vllm", False):
             stops = stop_token_ids(tokenizer, trainer.model)
             self.last_agent = VLLMServerAgent(vllm_client(trainer), tokenizer, sampling, stops)
@@ -85,7 +101,7 @@ class RolloutFunc:
             with generation_mode(trainer) as model:
                 self.last_agent = TrainerPolicyAgent(model, tokenizer, sampling)
                 episodes = run_episodes(jobs, self.last_agent, **self._run_kw)
-        self.last_episodes = episodes
+        self.last_episodes = episodes = group_rewards(played, episodes)
         pad = tokenizer.pad_token_id
         rows = [{**episode_to_trl_row(ep, pad), "env_session_id": job.session_id} for ep, job in zip(episodes, jobs)]
         keys = ("prompt_ids", "completion_ids", "logprobs", "env_mask", *EXTRA_FIELDS)
