@@ -95,7 +95,7 @@ def test_continuous_backend_cuts_after_the_fact(tiny):
 
 
 def test_token_mode_text_is_decoded_from_all_returned_ids(tokenizer):
-    ids = tokenizer("x <answer>7</answer>tail", add_special_tokens=False)["input_ids"]
+    ids = tokenizer("x <answer>7</answer>", add_special_tokens=False)["input_ids"]
     data = {"choices": [{"text": "x <answer>7", "token_ids": ids, "finish_reason": "stop", "stop_reason": "</answer>"}]}
     request = AgentRequest(messages=[], prompt_token_ids=[1, 2])
     caps = Capabilities(mode="tokens", returns_logprobs=False)
@@ -104,6 +104,20 @@ def test_token_mode_text_is_decoded_from_all_returned_ids(tokenizer):
     assert "</answer>" in action.text and action.stopped
     plain, _ = completion_action(data, request, caps, tokenizer=tokenizer, where="test")
     assert plain.text == "x <answer>7"  # without stop strings the server's text is used as before
+
+
+def test_token_mode_cuts_what_a_server_that_ignored_stop_sampled_past_it(tokenizer):
+    ids = tokenizer("x <answer>7</answer> and more", add_special_tokens=False)["input_ids"]
+    logprobs = [-0.1 * (i + 1) for i in range(len(ids))]
+    entries = {"token_logprobs": logprobs, "tokens": [str(i) for i in ids]}
+    data = {"choices": [{"text": "x <answer>7</answer> and more", "token_ids": ids, "logprobs": entries,
+                         "finish_reason": "length", "stop_reason": None}]}  # fmt: skip
+    request = AgentRequest(messages=[], prompt_token_ids=[1, 2])
+    caps = Capabilities(mode="tokens", returns_logprobs=True)
+    action, _ = completion_action(data, request, caps, tokenizer=tokenizer, where="test", stop=["</answer>"])
+    n = stop_string_end(tokenizer, ids, ["</answer>"])
+    assert n < len(ids) and action.token_ids == ids[:n] and action.logprobs == logprobs[:n]
+    assert action.text.endswith("</answer>") and "more" not in action.text and action.stopped
 
 
 def test_chat_mode_puts_back_a_trimmed_stop_string(tokenizer):

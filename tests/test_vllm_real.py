@@ -433,6 +433,21 @@ def test_vllm_agent_prefix_cache_seeds_context_and_records(vllm_agent_run, small
     assert "concurrency" not in fp["settings"]  # it changes only the batching, not what a request samples
 
 
+def test_vllm_agent_stop_strings_keep_the_engines_ids_up_to_the_stop(vllm_agent_run, small):
+    from hf_rollouts.agents.stop_strings import stop_string_end
+
+    tok = small[2]
+    ends = []
+    for r in vllm_agent_run.stop_runs:
+        n = len(r["ids"])
+        assert r["ids"] == r["engine_ids"][:n] and r["logprobs"] == r["engine_logprobs"][:n]  # as sampled
+        end = stop_string_end(tok, r["ids"], ["e"])
+        assert end is None or end == n  # nothing kept past the token that completes the stop string
+        ends.append(end)
+    stopped = [r for r, end in zip(vllm_agent_run.stop_runs, ends) if end is not None]
+    assert stopped and all(r["stopped"] and "e" in r["text"] for r in stopped)
+
+
 def test_cli_model_vllm_runs_in_process_and_records_its_convention(vllm_agent_run, small):
     import torch
 

@@ -77,6 +77,26 @@ def main(model_dir: str, out_path: str, cli_out: str) -> None:
     result["fingerprint"] = agent.fingerprint()
     result["stats"] = dict(agent.stats)
     result["stop_ids"] = list(agent.stop_ids)
+    # stop strings: the engine stops on them (vLLM's detokenizer) and the ids are cut by hf_rollouts' rule
+    from dataclasses import replace
+
+    agent.sampling = replace(sampling, stop=["e"], max_new_tokens=24)
+    result["stop_runs"] = []
+    for k in range(6):
+        before = len(records)
+        action = agent.act(AgentRequest(messages=msgs, prompt_token_ids=request.prompt_token_ids, seed=1000 + k))[0]
+        engine_out = records[before]
+        result["stop_runs"].append(
+            {
+                "engine_ids": engine_out["token_ids"],
+                "engine_logprobs": engine_out["logprobs"],
+                "ids": action.token_ids,
+                "logprobs": action.logprobs,
+                "text": action.text,
+                "stopped": action.stopped,
+            }  # fmt: skip
+        )
+    agent.sampling = sampling
     agent.close()
     closed = agent.submit(request).exception()
     result["after_close"] = f"{type(closed).__name__}: {closed}"

@@ -43,6 +43,19 @@ def stop_string_end(tokenizer: Any, ids: Sequence[int], stops: Sequence[str]) ->
     return None
 
 
+def cut_at_stop_string(
+    tokenizer: Any, ids: list[int], logprobs: list[float] | None, stops: Sequence[str]
+) -> tuple[list[int], list[float] | None, bool]:
+    """``(ids, logprobs, stopped)`` kept up to and including the token that completes the first stop string, for
+    an engine that generated past it or did not apply ``stops`` (a server that ignores ``stop``): the dropped tail
+    was sampled after the turn ended, so what is kept is still exactly what was sampled. ``stopped`` is whether a
+    stop string ended the turn."""
+    n = stop_string_end(tokenizer, ids, stops)
+    if n is None:
+        return ids, logprobs, False
+    return ids[:n], None if logprobs is None else logprobs[:n], True
+
+
 class StopStringCriteria(StoppingCriteria):
     """Stops a row of a batched ``generate`` once its newest token completes a stop string (see the module doc).
 
@@ -59,4 +72,4 @@ class StopStringCriteria(StoppingCriteria):
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
-__all__ = ["StopStringCriteria", "completes_stop", "stop_string_end", "window_tokens"]
+__all__ = ["StopStringCriteria", "completes_stop", "cut_at_stop_string", "stop_string_end", "window_tokens"]

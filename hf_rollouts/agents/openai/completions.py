@@ -29,6 +29,7 @@ from typing import Any
 
 from ...types import Action, AgentRequest, Message
 from ..sampling import SamplingConfig
+from ..stop_strings import cut_at_stop_string
 from .negotiation import Capabilities
 from .parsing import parse_completion, prompt_difference, vocabulary_problem
 from .sampling_params import sampling_fields
@@ -115,13 +116,13 @@ def completion_action(
     problem = vocabulary_problem(ids, tokenizer)
     if problem:
         raise OpenAIRequestError(f"{where}: token contract broken: {problem}.")
-    text = answer.text
-    if stop and tokenizer is not None:
+    text, logprobs, stopped = answer.text, answer.logprobs, answer.stopped
+    if stop and tokenizer is not None:  # a server that ignored `stop` sampled past it: cut by the same rule
+        ids, logprobs, at_stop = cut_at_stop_string(tokenizer, ids, logprobs, stop)
+        stopped = stopped or at_stop
         text = tokenizer.decode(ids, skip_special_tokens=True)
     if text is None:
         if tokenizer is None:
             raise OpenAIRequestError(f"{where}: choices[0].text is missing and there is no tokenizer to decode ids.")
         text = tokenizer.decode(ids, skip_special_tokens=True)
-    return Action(text=text, token_ids=ids, logprobs=answer.logprobs, stopped=answer.stopped), (
-        answer.prompt_ids is not None
-    )
+    return Action(text=text, token_ids=ids, logprobs=logprobs, stopped=stopped), (answer.prompt_ids is not None)

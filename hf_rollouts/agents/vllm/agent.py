@@ -61,6 +61,7 @@ from ...types import Action, AgentRequest, Message
 from ..base import Agent
 from ..hf.agent import ContextLengthError, stop_token_ids
 from ..sampling import SamplingConfig
+from ..stop_strings import cut_at_stop_string
 from .settings import (
     SETUP_HINT,
     VLLMSettings,
@@ -315,7 +316,11 @@ class VLLMAgent(Agent):
             max_tokens=max_tokens,
             stop_token_ids=list(self.stop_ids),
             logprobs=0,  # the sampled token's own log-prob only
-            detokenize=False,  # the text is decoded from the ids below, as TransformersAgent does
+            # the text is decoded from the ids below, as TransformersAgent does; stop strings need vLLM's
+            # detokenizer (it keeps every sampled id and only trims text), and the ids are cut by our rule below
+            stop=list(s.stop) or None,
+            include_stop_str_in_output=bool(s.stop),
+            detokenize=bool(s.stop),
             output_kind=self._vllm.FINAL_ONLY,
         )
 
@@ -388,6 +393,9 @@ class VLLMAgent(Agent):
                 raise VLLMRequestError(f"{where}: no log-prob for the sampled id {tid}.")
             logprobs.append(float(entry.logprob))
         stopped = completion.finish_reason == "stop"
+        if self.sampling.stop:
+            ids, logprobs, at_stop = cut_at_stop_string(self.tokenizer, ids, logprobs, self.sampling.stop)
+            stopped = stopped or at_stop
         self.stats.add(
             prompt_tokens=len(prompt),
             cached_prompt_tokens=int(output.num_cached_tokens or 0),
