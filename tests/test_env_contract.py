@@ -61,7 +61,12 @@ def test_truncated_flag_false_keeps_done(tokenizer):
 
 @pytest.mark.parametrize(
     "config, message",
-    [({"flag": 1}, "must be a bool"), ({"flag": "yes"}, "must be a bool"), ({"flag_early": True}, "went on")],
+    [
+        ({"flag": 1}, "must be a bool"),
+        ({"flag": "yes"}, "must be a bool"),
+        ({"flag_early": True}, "with done=False at turn 1"),
+        ({"flag_early": True, "max_turns": 2}, "with done=False at turn 1"),  # on our last turn too
+    ],
 )
 def test_bad_truncated_flags_are_errors_never_rewards(tokenizer, config, message):
     env = OwnLimitEnv(tokenizer, {"own_limit": 3, **config})

@@ -160,7 +160,7 @@ def episode_steps(
             if text is None:  # a tool limit ended the episode
                 break
             state, reward, done, info = yield from hook("_step_episode", env._step_episode, session_id, state, text)
-            rec.reward_turn(reward, info)
+            rec.reward_turn(reward, info, done=bool(done))
             step_rewards.append(float(reward))
             if done:
                 break

@@ -288,25 +288,26 @@ class EpisodeRecorder:
         """Record the last turn's calls without appending anything (the episode ends before a result is read)."""
         self._record_calls(content, results)
 
-    def reward_turn(self, reward: float, info: dict[str, Any] | None = None) -> None:
+    def reward_turn(self, reward: float, info: dict[str, Any] | None = None, done: bool | None = None) -> None:
         """Record the reward of the last turn on its agent tokens (see :data:`REWARD_PLACEMENTS`).
 
-        Raises :class:`EnvOutputError` (nothing recorded) when ``reward`` is not a finite number.
+        Raises :class:`EnvOutputError` (nothing recorded) when ``reward`` is not a finite number, or when
+        ``info["truncated"]`` is set on a step that does not end the episode (``done`` given and false).
         """
         reward = _check_reward(reward, f"the step reward of turn {len(self.turns) - 1} (_step_episode)")
         self._check_truncated(info)
+        if self.env_truncated and done is not None and not done:
+            raise EnvOutputError(
+                f"_step_episode returned info[{TRUNCATED_KEY!r}] = True with done=False at turn "
+                f"{len(self.turns) - 1}: return done=True with it (the step that truncates the episode ends it)."
+            )
         turn = self.turns[-1]
         turn.reward = reward
         turn.info = dict(info or {})
         place_reward(self.rewards, self.mask, turn, reward, self.reward_placement)
 
     def _check_truncated(self, info: dict[str, Any] | None) -> None:
-        """Record ``info["truncated"]``; :class:`EnvOutputError` if it is not a bool or an earlier step set it."""
-        if self.env_truncated:
-            raise EnvOutputError(
-                f"_step_episode returned info[{TRUNCATED_KEY!r}] = True at turn {len(self.turns) - 2} but the episode "
-                f"went on: return done=True with it (the step that truncates the episode ends it)."
-            )
+        """Record ``info["truncated"]``; :class:`EnvOutputError` if it is not a bool."""
         flag = (info or {}).get(TRUNCATED_KEY, False)
         if not isinstance(flag, bool):
             raise EnvOutputError(
