@@ -15,7 +15,7 @@ from hf_rollouts.envs.check import check_env  # noqa: E402
 from hf_rollouts.envs.config import EnvConfigError  # noqa: E402
 from hf_rollouts.envs.skyrl import SkyRLGymEnv, skyrl_task  # noqa: E402
 from hf_rollouts.pipeline import generate_rollouts  # noqa: E402
-from hf_rollouts.schema import to_task_dataset  # noqa: E402
+from hf_rollouts.schema import TaskValidationError, to_task_dataset  # noqa: E402
 
 PATH = "hf_rollouts.envs.skyrl.env.SkyRLGymEnv"
 INSTRUCTION = "Let's think step by step and output the final answer after '####'."
@@ -119,9 +119,12 @@ def test_text2sql_on_a_local_sqlite_database(tokenizer, sql_db, tmp_path):
     }
     config = {"skyrl_env_config": {"db_path": str(sql_db)}, "max_turns": 4}
     solver = [f"<think>look</think><sql>{gold}</sql>", f"<think>done</think><solution>{gold}</solution>"]
-    out = generate_rollouts(
-        tasks_for("text2sql", [row], config), scripted(solver, tokenizer), 2, cache_dir=tmp_path / "c", progress=False
-    )
+    tasks = tasks_for("text2sql", [row], config)
+    with pytest.raises(TaskValidationError, match="module 'skyrl_gym.envs.text2sql'"):  # it runs the model's SQL
+        generate_rollouts(tasks, scripted(solver, tokenizer), 1, cache_dir=tmp_path / "x", progress=False)
+    allow = ["skyrl_gym.envs.text2sql"]
+    out = generate_rollouts(tasks, scripted(solver, tokenizer), 2, cache_dir=tmp_path / "c", progress=False,
+                            allowed_env_modules=allow)  # fmt: skip
     assert flat(out, "statuses") == ["done", "done"] and flat(out, "final_rewards") == [1.0, 1.0]
     conversation = out[0]["conversations"][0]
     assert conversation[0]["role"] == "system" and "<observation>" in conversation[3]["content"]
@@ -129,7 +132,7 @@ def test_text2sql_on_a_local_sqlite_database(tokenizer, sql_db, tmp_path):
     missing = {**row, "db_id": "nope"}
     out = generate_rollouts(
         tasks_for("text2sql", [missing], config), scripted(solver, tokenizer), 1, cache_dir=tmp_path / "d",
-        progress=False,
+        progress=False, allowed_env_modules=allow,
     )  # fmt: skip
     assert out[0]["statuses"] == ["error"] and "FileNotFoundError" in out[0]["errors"][0]
     assert math.isnan(out[0]["final_rewards"][0])
@@ -175,6 +178,15 @@ def test_refusals(tokenizer):
     no_spec = {"prompt": [{"role": "user", "content": "a"}], "extras": {}}
     ep = env._run_complete_episode("s", ScriptedAgent(["#### 1"]), no_spec)
     assert ep["status"] == "error" and "reward_spec" in ep["error"] and math.isnan(ep["final_reward"])
+
+
+def test_envs_that_run_the_models_output_need_allowing():
+    assert SkyRLGymEnv.modules_to_import({"env_class": "gsm8k"}) == []
+    for name in ("lcb", "searchcode", "search", "text2sql"):
+        assert SkyRLGymEnv.modules_to_import({"env_class": name}) == [f"skyrl_gym.envs.{name}"]
+    from hf_rollouts.envs.registry import spec_trust
+
+    assert spec_trust("skyrl:lcb")[0] == ["skyrl_gym.envs.lcb"]  # the CLI allows what --env names
 
 
 def test_cli_short_name(tmp_path):

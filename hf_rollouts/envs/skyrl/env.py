@@ -107,10 +107,24 @@ def _close(env: Any) -> None:
         pass
 
 
+SAFE_ENV_CLASSES = frozenset({"gsm8k", "gsm8k_multi_turn", "aime"})
+"""SkyRL envs that only compare text. The others run the model's output (``lcb``, ``searchcode``: Python in a
+subprocess; ``text2sql``: SQL on a local database file that the task row names) or send it to a service
+(``search``): a task row may name them only when the caller allows their module, as for any code."""
+
+
 class SkyRLGymEnv(MultistepEnv):
     name = "skyrl"
     default_max_turns = 5
     config_class = SkyRLGymConfig
+
+    @classmethod
+    def modules_to_import(cls, env_config: dict[str, Any]) -> list[str]:
+        """``skyrl_gym.envs.<id>`` for an env that runs the model's output or calls a service (see
+        :data:`SAFE_ENV_CLASSES`): allowed with ``allowed_env_modules=["skyrl_gym.envs.lcb"]`` (CLI
+        ``--allow-env-module``; ``--env skyrl:lcb`` allows what it names)."""
+        name = env_config.get("env_class")
+        return [f"skyrl_gym.envs.{name}"] if isinstance(name, str) and name not in SAFE_ENV_CLASSES else []
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer, env_config)
