@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,10 @@ class ReasoningGymConfig(EnvConfig):
 
 def import_reasoning_gym() -> Any:
     return import_optional("reasoning_gym", env="ReasoningGymEnv", extra="reasoning_gym")
+
+
+HOOKS_LOCK = threading.Lock()
+"""Serialises the hooks of every ReasoningGymEnv: their dataset objects are shared through :func:`_dataset`'s cache."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -128,6 +133,7 @@ class ReasoningGymEnv(MultistepEnv):
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer, env_config)
         self.rg = import_reasoning_gym()
+        self.hooks_lock = HOOKS_LOCK  # one lock for all instances (thread_safe_hooks = False)
         from reasoning_gym.factory import DATASETS
         from reasoning_gym.utils import SYSTEM_PROMPTS, extract_answer
 

@@ -73,6 +73,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..base import MultistepEnv
 from ..config import EnvConfig, option
+from ..external import package_version
 
 INSTALL_HINT = 'pip install "hf_rollouts[textarena]"'
 
@@ -367,13 +368,7 @@ class TextArenaEnv(MultistepEnv):
         return out
 
     def fingerprint(self) -> dict[str, Any]:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            textarena_version = version("textarena")
-        except PackageNotFoundError:
-            textarena_version = None
-        return {**super().fingerprint(), "textarena": textarena_version}
+        return {**super().fingerprint(), "textarena": package_version("textarena")}
 
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
         if split not in ("train", "eval"):
