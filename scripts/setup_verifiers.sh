@@ -67,7 +67,7 @@ rm -f "$UNAVAILABLE" "$READY"
 echo "Building the verifiers venv at $VENV (log: $LOG) ..." >&2
 {
     { [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"; } &&
-        "$VENV/bin/python" -m pip install -q --retries 2 "torch==2.13.0" &&
+        "$VENV/bin/python" -m pip install -q --retries 2 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.0" &&
         printf '%s\n' "$REQS" | xargs -d '\n' "$VENV/bin/python" -m pip install -q --retries 2 &&
         "$VENV/bin/python" -c "import verifiers, mcp, torch, transformers
 from importlib.metadata import version
