@@ -41,7 +41,6 @@ unless an MPI hostfile is configured; ``torchrun`` starts two.)
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -54,6 +53,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator, PartialState
 from torch.utils.data import DataLoader
+from transformers import HfArgumentParser
 
 from hf_rollouts.agents.hf import TransformersAgent
 from hf_rollouts.envs.guess_number import GuessNumberEnv
@@ -338,17 +338,9 @@ def save_plot(history: list[IterationStats], path: Path, cfg: TrainConfig) -> bo
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
-        else:
-            kind = {"int": int, "float": float}.get(str(f.type), str)
-            parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"])
-    return TrainConfig(**vars(parser.parse_args(argv)))
+    """The flags of :class:`TrainConfig` (transformers' ``HfArgumentParser``, as the CLI builds its own)."""
+    (cfg,) = HfArgumentParser(TrainConfig, description=__doc__.split("\n\n")[0]).parse_args_into_dataclasses(argv)
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:

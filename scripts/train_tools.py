@@ -41,7 +41,6 @@ the tool. The script runs end to end (also ``--trl``), but it does not show the 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -58,6 +57,7 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
+from transformers import HfArgumentParser
 
 from hf_rollouts.agents.base import Agent
 from hf_rollouts.agents.hf import TransformersAgent
@@ -578,17 +578,9 @@ def save_plot(
 
 
 def parse_args(argv: list[str] | None = None) -> ToolTrainConfig:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    for f in dataclasses.fields(ToolTrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
-        else:
-            kind = {"int": int, "float": float}.get(str(f.type), str)
-            parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"])
-    return ToolTrainConfig(**vars(parser.parse_args(argv)))
+    """The flags of :class:`ToolTrainConfig` (transformers' ``HfArgumentParser``, as the CLI builds its own)."""
+    (cfg,) = HfArgumentParser(ToolTrainConfig, description=__doc__.split("\n\n")[0]).parse_args_into_dataclasses(argv)
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:

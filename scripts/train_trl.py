@@ -20,8 +20,6 @@ episodes that step trained on, sampled before its update) and the first-vs-last 
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import math
 import os
 import tempfile
@@ -154,17 +152,11 @@ def format_table(rows: list[StepRow]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
-        else:
-            kind = {"int": int, "float": float}.get(str(f.type), str)
-            parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"])
-    return TrainConfig(**vars(parser.parse_args(argv)))
+    """The flags of :class:`TrainConfig` (transformers' ``HfArgumentParser``, as the CLI builds its own)."""
+    from transformers import HfArgumentParser
+
+    (cfg,) = HfArgumentParser(TrainConfig, description=__doc__.split("\n\n")[0]).parse_args_into_dataclasses(argv)
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
