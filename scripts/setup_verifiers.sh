@@ -18,31 +18,8 @@ cd "$(dirname "$0")/.."
 
 RECIPE=1 # bump when the recipe below changes
 VENV="${HF_ROLLOUTS_VERIFIERS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/hf_rollouts/verifiers-venv-r$RECIPE}"
-PYTHON="${PYTHON:-python3}"
-READY="$VENV/.hf_rollouts_ready"
-UNAVAILABLE="$VENV.unavailable"
-LOG="$VENV.log"
-mkdir -p "$(dirname "$VENV")"
-
-unavailable() { # reason...
-    echo "verifiers venv unavailable: $*" >&2
-    printf '%s\n' "$*" >"$UNAVAILABLE"
-    exit 1
-}
-
-if [ "${HF_ROLLOUTS_SKIP_VERIFIERS:-0}" = "1" ]; then
-    echo "verifiers venv unavailable: HF_ROLLOUTS_SKIP_VERIFIERS=1 is set (unset it, run bash scripts/setup_verifiers.sh)" >&2
-    exit 1
-fi
-if [ "${1:-}" = "--check" ]; then
-    [ -f "$READY" ] && [ -x "$VENV/bin/python" ] && echo "$VENV/bin/python" && exit 0
-    if [ -f "$UNAVAILABLE" ]; then
-        echo "verifiers venv unavailable: $(cat "$UNAVAILABLE")" >&2
-    else
-        echo "verifiers venv not built at $VENV: run bash scripts/setup_verifiers.sh (bash scripts/test.sh runs it)" >&2
-    fi
-    exit 1
-fi
+LABEL=verifiers SKIP_VAR=HF_ROLLOUTS_SKIP_VERIFIERS SCRIPT=scripts/setup_verifiers.sh
+source scripts/cached_venv.sh "$@"
 
 # The project's dependencies (torch as the local CPU wheel), its verifiers extra, and pytest.
 REQS="$("$PYTHON" -c '

@@ -24,35 +24,8 @@ VLLM_VERSION="${HF_ROLLOUTS_VLLM_VERSION:-0.32.0}"
 RECIPE=1 # bump when the recipe below changes, so cached venvs are rebuilt
 CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/hf_rollouts"
 VENV="${HF_ROLLOUTS_VLLM_VENV:-$CACHE_ROOT/vllm-venv-$VLLM_VERSION-r$RECIPE}"
-PYTHON="${PYTHON:-python3}"
-READY="$VENV/.hf_rollouts_ready"
-UNAVAILABLE="$VENV.unavailable"
-LOG="$VENV.log"
-
-mkdir -p "$(dirname "$VENV")"
-
-unavailable() { # reason...
-    echo "vLLM venv unavailable: $*" >&2
-    printf '%s\n' "$*" >"$UNAVAILABLE"
-    exit 1
-}
-
-if [ "${HF_ROLLOUTS_SKIP_VLLM:-0}" = "1" ]; then
-    echo "vLLM venv unavailable: HF_ROLLOUTS_SKIP_VLLM=1 is set (unset it and run bash scripts/setup_vllm.sh)" >&2
-    exit 1
-fi
-if [ "${1:-}" = "--check" ]; then
-    if [ -f "$READY" ] && [ -x "$VENV/bin/python" ]; then
-        echo "$VENV/bin/python"
-        exit 0
-    fi
-    if [ -f "$UNAVAILABLE" ]; then
-        echo "vLLM venv unavailable: $(cat "$UNAVAILABLE")" >&2
-    else
-        echo "vLLM venv not built at $VENV: run bash scripts/setup_vllm.sh (bash scripts/test.sh runs it)" >&2
-    fi
-    exit 1
-fi
+LABEL=vLLM SKIP_VAR=HF_ROLLOUTS_SKIP_VLLM SCRIPT=scripts/setup_vllm.sh
+source scripts/cached_venv.sh "$@"
 
 # hf_rollouts' own dependencies, from this checkout's pyproject.toml, less torch and transformers (vLLM's pins
 # satisfy the project's ranges). The ready marker records their hash, so a checkout that adds a dependency gets it
