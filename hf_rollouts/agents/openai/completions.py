@@ -104,9 +104,10 @@ def completion_action(
 ) -> tuple[Action, bool]:
     """The :class:`Action` of one answer, checked (see the module docstring); ``(action, prompt_checked)``.
 
-    With stop strings the ids are stored as returned (every sampled id, the one that completed the stop string
-    included; vLLM never trims ids, only text) and the action text is their decoding by the env tokenizer, so it
-    holds the stop string whatever the server did with its text (``include_stop_str_in_output``)."""
+    With stop strings the ids are stored as returned up to and including the one that completed the stop string
+    (vLLM never trims ids, only text; ids a server that ignored ``stop`` sampled past it are cut, with their
+    log-probs), and the action text is their decoding by the env tokenizer, so it holds the stop string whatever the
+    server did with its text (``include_stop_str_in_output``)."""
     answer = parse_completion(data, where, want_logprobs=caps.returns_logprobs)
     ids = answer.token_ids or []
     if answer.prompt_ids is not None:
