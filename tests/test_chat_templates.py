@@ -29,6 +29,8 @@ from hf_rollouts.types import Action, AgentRequest
 FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"
 FAMILIES: dict[str, dict[str, Any]] = json.loads((FIXTURES / "families.json").read_text(encoding="utf-8"))
 NAMES = sorted(FAMILIES)
+# More real templates, for tool turns only (tests/test_tools.py): vLLM's tool-calling templates and others.
+TOOL_TEMPLATES: dict[str, dict[str, Any]] = json.loads((FIXTURES / "tool_templates.json").read_text(encoding="utf-8"))
 
 # What each template writes between the generation prompt and a past assistant turn's content.
 OPENING = {"gpt_oss": "<|channel|>final<|message|>", "llama2": " "}
@@ -72,7 +74,7 @@ def family_tokenizer(base, name: str, *, listed: bool = True):
     ``special=True`` that no special-token list names (real Llama-3.1's ``<|eom_id|>`` and
     ``<|end_of_text|>``), so ``tokenizer.all_special_ids`` does not hold them; only bos/eos are named.
     """
-    meta = FAMILIES[name]
+    meta = {**FAMILIES, **TOOL_TEMPLATES}[name]
     tok = copy.deepcopy(base)
     tokens = [*meta["special_tokens"], meta["bos_token"], meta["eos_token"], *meta["stop_tokens"]]
     tokens = list(dict.fromkeys(t for t in [*tokens, *meta["generation_config_eos"]] if t))
