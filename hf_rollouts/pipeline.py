@@ -65,6 +65,7 @@ from transformers import PreTrainedTokenizerBase
 from ._version import __version__
 from .agents.base import Agent
 from .agents.loading import AgentRecipe
+from .chat import ToolTemplateError
 from .envs.base import MultistepEnv
 from .envs.config import UnknownConfigKeyWarning
 from .envs.registry import validate_task_rows, validate_tasks
@@ -416,13 +417,21 @@ def _split_options(options: dict[str, Any], executor: str | Executor) -> tuple[d
     return {k: v for k, v in options.items() if k in run_names}, where
 
 
+class TaskToolTemplateError(TaskValidationError, ToolTemplateError):
+    """A row names a tool env whose model's chat template cannot carry tool turns. Both a
+    :class:`~hf_rollouts.schema.TaskValidationError` (it names the row) and a
+    :class:`~hf_rollouts.chat.ToolTemplateError` (``except ToolTemplateError`` catches it, as the README says)."""
+
+
 def build_envs(envs: _EnvCache, rows: dict[str, list], first_row: int = 0) -> None:
-    """Build every env the rows name, up front: a config an env rejects fails before generation, naming the row."""
+    """Build every env the rows name, up front: a config an env rejects fails before generation, naming the row
+    (a :class:`TaskValidationError`; :class:`TaskToolTemplateError` when the chat template refuses tool turns)."""
     for i, (path, config) in enumerate(zip(rows["env_class_path"], rows["env_config"]), start=first_row):
         try:
             envs.get(path, config)
         except Exception as exc:
-            raise TaskValidationError(f"row {i}, field 'env_config': {path} rejected {config!r}: {exc}") from exc
+            error = TaskToolTemplateError if isinstance(exc, ToolTemplateError) else TaskValidationError
+            raise error(f"row {i}, field 'env_config': {path} rejected {config!r}: {exc}") from exc
 
 
 def _rollout_table(
@@ -580,6 +589,7 @@ __all__ = [
     "RolloutOptions",
     "ShardCacheError",
     "ShardFailedError",
+    "TaskToolTemplateError",
     "as_task_dataset",
     "generate_rollouts",
     "rollout_fingerprint",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pytest
 from test_chat_templates import family_tokenizer, frozen_date  # noqa: F401 (frozen_date: an autouse fixture)
@@ -98,6 +99,20 @@ def hermes(calls):
     return "\n".join(f'<tool_call>\n{{"name": "{n}", "arguments": {_args(a)}}}\n</tool_call>' for n, a, _ in calls)
 
 
+def pythonic(calls, value=repr):
+    """``[add(a=1, b=2), mul(a=2, b=3)]``: what the model samples (``value=repr``), or a template's history form."""
+    return "[" + ", ".join(f"{n}({', '.join(f'{k}={value(v)}' for k, v in a.items())})" for n, a, _ in calls) + "]"
+
+
+def hermes_history(calls, opened_once=False):
+    """vLLM's Hermes templates re-render a past call turn with the keys swapped and a space after </tool_call>;
+    Hermes-2-Pro's opens <tool_call> once for all of a turn's calls."""
+    body = [f'{{ "arguments": {_args(a)}, "name": "{n}"}}\n</tool_call> ' for n, a, _ in calls]
+    if opened_once:
+        return "<tool_call>\n" + "".join(body) + "<|im_end|>"
+    return "\n".join("<tool_call>\n" + b for b in body) + "<|im_end|>"
+
+
 FAMILIES = {
     # name: (sampled text, sampled end token, the template's history text of the same turn incl. its end marker)
     "qwen2_5": (hermes, "<|im_end|>", lambda calls: hermes(calls) + "<|im_end|>"),
@@ -129,6 +144,13 @@ FAMILIES = {
     ),
     # the template does not render tool calls: a call turn is an empty assistant turn in history
     "smollm": (hermes, "<|im_end|>", lambda calls: "<|im_end|>"),
+    # vLLM's tool-calling templates (tests/fixtures/chat_templates/tool_templates.json)
+    "hermes": (hermes, "<|im_end|>", hermes_history),
+    "hermes_2_pro": (hermes, "<|im_end|>", lambda calls: hermes_history(calls, opened_once=True)),
+    # pythonic: history re-renders each value with '%s'|format, '%sr'|format (ToolACE) or '"%s"' (Llama-4)
+    "llama3_2_pythonic": (pythonic, "<|eot_id|>", lambda calls: pythonic(calls, str) + "<|eot_id|>"),
+    "toolace": (pythonic, "<|eot_id|>", lambda calls: pythonic(calls, lambda v: f"{v}r") + "<|eot_id|>"),
+    "llama4_pythonic": (pythonic, "<|eot|>", lambda calls: pythonic(calls, lambda v: f'"{v}"') + "<|eot|>"),
 }
 SINGLE = {"llama3", "gpt_oss"}  # one call per message
 FINAL = {"gpt_oss": ("<|channel|>final<|message|>", "<|return|>")}
@@ -217,17 +239,59 @@ def test_tool_turns_are_token_exact_on_every_tool_family(tokenizer, recording, n
     assert ep["messages"][1]["tool_calls"][0]["function"]["name"] == "add"
 
 
-@pytest.mark.parametrize("name", ["phi", "gemma", "llama2", "deepseek_r1"])
+# name: (the family the refusal names, the reason, more text it must show)
+REFUSED = {
+    "phi": ("Phi-3", "drops tool messages", ""),
+    "gemma": ("Gemma", "roles must alternate", ""),
+    "llama2": ("Llama-2", "roles must alternate", ""),
+    "deepseek_r1": ("DeepSeek-R1", "no generation prompt after tool results", ""),
+    "phi4": ("phi-4", "drops tool messages", ""),
+    # a call format none of the parsers reads: refused with an excerpt of the rendered call
+    "granite": ("Granite", "format is none this library parses", '<|tool_call|> {"name": "lookup"'),
+    "phi4_mini": ("Phi-4-mini", "format is none this library parses", """"arguments": {'key': 'rope'}"""),
+    "deepseek_v3": (
+        "DeepSeek-V3",
+        "format is none this library parses",
+        "<｜tool▁call▁begin｜>function<｜tool▁sep｜>lookup",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
 def test_families_that_cannot_carry_tool_turns_are_refused_with_the_reason(tokenizer, name):
-    reasons = {
-        "phi": "drops tool messages",
-        "gemma": "roles must alternate",
-        "llama2": "roles must alternate",
-        "deepseek_r1": "no generation prompt after tool results",
-    }
-    with pytest.raises(ToolTemplateError, match=reasons[name]) as info:
+    family, reason, shown = REFUSED[name]
+    with pytest.raises(ToolTemplateError, match=reason) as info:
         CalcEnv(family_tokenizer(tokenizer, name), {})
     assert "chat template cannot carry tool turns" in str(info.value)
+    assert f"The {family} chat template" in str(info.value) and shown in str(info.value)
+
+
+# name: (the format read from what the template renders for a call, the family named in messages)
+VERIFIED = {
+    "qwen2_5": ("hermes", "Hermes / Qwen2.5"),
+    "qwen3": ("hermes", "Qwen3"),
+    "smollm": ("hermes", "SmolLM3"),  # renders no call in history: read from its tool instructions
+    "hermes": ("hermes", "Hermes"),
+    "hermes_2_pro": ("hermes", "Hermes"),
+    "llama3": ("llama3_json", "Llama-3"),
+    "llama3_2_pythonic": ("pythonic", "Llama-3"),
+    "toolace": ("pythonic", "Llama-3"),
+    "llama4_pythonic": ("pythonic", "Llama-4"),
+    "mistral": ("mistral", "Mistral"),
+    "gpt_oss": ("harmony", "gpt-oss (harmony)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VERIFIED))
+def test_the_call_format_is_read_from_what_the_template_renders(tokenizer, name):
+    """Not from token names: the Llama-3.2 pythonic and ToolACE templates hold <|start_header_id|> and tool_calls
+    as Llama-3.1's JSON template does, but render a call as [name(key=value)] (issue 26, case 1)."""
+    from hf_rollouts.chat import detect_tool_format
+
+    assert set(VERIFIED) == set(FAMILIES)  # every family played token-exact above is named here
+    env = CalcEnv(family_tokenizer(tokenizer, name), {})
+    assert (env.tool_turns.format.name, env.tool_turns.family) == VERIFIED[name]
+    assert detect_tool_format(family_tokenizer(tokenizer, name)).name == VERIFIED[name][0]
 
 
 def test_schemas_come_from_get_json_schema_and_hide_the_state_parameter(tokenizer):
@@ -299,6 +363,150 @@ def test_malformed_unknown_failing_and_timed_out_calls_are_answered_and_counted(
     answers = [m["content"] for m in ep["messages"] if m["role"] == "tool"]
     assert "could not be parsed" in answers[0] and "no tool named 'nope'" in answers[1]
     assert answers[2] == "boom 7" and "do not fit add" in answers[3] and "time limit of 0.2 s" in answers[4]
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        ("[add(a=1, b=2), mul(a=2, b=3)]", "", [("add", {"a": 1, "b": 2}), ("mul", {"a": 2, "b": 3})]),
+        (
+            '[lookup(key="rope", n=[1, 2], on=True, x=None)]',
+            "",
+            [("lookup", {"key": "rope", "n": [1, 2], "on": True, "x": None})],
+        ),
+        ("<|python_start|>[add(a=1, b=2)]<|python_end|>", "", [("add", {"a": 1, "b": 2})]),  # Llama-4
+        ("<|python_tag|>[f()]", "", [("f", {})]),
+        ("It is 3.", "It is 3.", []),
+        ("[1, 2] are my guesses", "[1, 2] are my guesses", []),  # a list, not a call
+        ("[add(a=1, b=", "", [("", None)]),  # starts like a call: one malformed call
+        ("[add(1, 2)]", "", [("add", None)]),  # positional arguments
+        ("[add(a=x, b=1)]", "", [("add", None)]),  # not a literal
+        ("[add(a=1)] and more", "", [("", None)]),
+    ],
+)
+def test_pythonic_calls_are_read_with_ast(text, content, calls):
+    from hf_rollouts.chat.tool_calls import parse_pythonic
+
+    got_content, got = parse_pythonic(text, "<|eot_id|>")
+    assert got_content == content
+    assert [(c.name, c.arguments) for c in got] == calls
+    assert all((c.error is None) == (c.arguments is not None) for c in got)  # a call is run or answered with why
+
+
+def test_pythonic_calls_on_llama_3_2_are_run_and_malformed_ones_counted(tokenizer, recording):
+    """Before issue 26 the Llama-3.2 pythonic template was taken for Llama-3.1 JSON: no call was ever parsed, the
+    call was scored as an answer (num_tool_calls 0)."""
+    calls = "[add(a=1, b=2), add(1, 2), mul(a=x, b=1)]"
+    ep, log, tok = play_texts(tokenizer, recording, "llama3_2_pythonic", [(calls, "<|eom_id|>"), ("3", "<|eot_id|>")])
+    assert [r["status"] for r in ep["tool_calls"]] == ["ok", "malformed", "malformed"]
+    assert ep["num_tool_calls"] == 3 and ep["num_tool_errors"] == 2 and ep["final_reward"] == 1.0
+    prompt = tok.decode(log[1][0])  # the sampled call, then one ipython message per call, then the prompt
+    assert calls + '<|eom_id|><|start_header_id|>ipython<|end_header_id|>\n\n{"output": "3"}<|eot_id|>' in prompt
+    assert prompt.count("<|start_header_id|>ipython") == 3
+    assert prompt.endswith(
+        'literal. Call a tool in the format shown."}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n'
+    )
+
+
+def lookup(key: str, color: Literal["red", "blue"] = "red", n: int | None = None) -> str:
+    """Look a key up.
+
+    Args:
+        key: The key.
+        color: A color.
+        n: How many (may be null).
+    """
+    return f"{key}/{color}/{n}"
+
+
+class LookupEnv(CalcEnv):
+    def _tools(self):
+        return [add, lookup]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "status", "answer"),
+    [
+        ({"key": 42}, "error", "key: 42 is not of type 'string'"),
+        ({"key": "rope", "color": "green"}, "error", "color: 'green' is not one of ['red', 'blue']"),
+        ({"color": "red"}, "error", "arguments: 'key' is a required property"),
+        ({"key": "rope", "n": "3"}, "error", "n: '3' is not of type 'integer', 'null'"),
+        ({"key": "rope", "n": None, "color": "blue"}, "ok", "rope/blue/None"),  # nullable: null is fine
+        ({"key": "rope", "n": 3}, "ok", "rope/red/3"),
+    ],
+)
+def test_arguments_are_checked_against_the_tools_json_schema(tokenizer, recording, arguments, status, answer):
+    """A call whose arguments do not fit the schema is answered with what is wrong and counted as a tool error; it
+    never reaches the tool (issue 26, case 2: lookup(key=42) against "type": "string" ran with status ok)."""
+    tok = family_tokenizer(tokenizer, "qwen2_5")
+    env = LookupEnv(tok, {})
+    call = hermes([("lookup", arguments, "")])
+    agent = LlamaAgent(tok, "qwen2_5", [(call, "<|im_end|>"), ("3", "<|im_end|>")])
+    ep = env._run_complete_episode("s", agent, {}, on_error="raise")
+    assert [r["status"] for r in ep["tool_calls"]] == [status]
+    assert ep["num_tool_errors"] == (status != "ok")
+    result = [m["content"] for m in ep["messages"] if m["role"] == "tool"][0]
+    assert answer in result
+    if status != "ok":
+        assert result.startswith("Error: the arguments do not fit lookup(key, color, n): ")
+
+
+def test_a_tool_whose_schema_is_not_json_schema_is_refused_when_declared():
+    from hf_rollouts.tools import Toolbox
+
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}
+    with pytest.raises(ToolDeclarationError, match="'f': its parameters are not a valid JSON Schema"):
+        Toolbox([Tool(bad, lambda: None)])
+
+
+class RetryCalcEnv(CalcEnv):
+    """A wrong answer is told "Try again." (a user turn after a text answer, in a tool env)."""
+
+    def _format_prompt(self, state, step):
+        return "What is 1 + 2?" if step == 0 else "Try again."
+
+    def _step_episode(self, session_id, state, action):
+        won = str(state.target) in action
+        return state, float(won), won, {}
+
+
+@pytest.mark.parametrize("name", ["hermes_2_pro", "qwen2_5", "llama3_2_pythonic"])
+def test_every_render_has_the_tools_where_the_template_needs_them(tokenizer, recording, name):
+    """Hermes-2-Pro's template loops over `tools` unguarded: renders without them raised "TypeError: 'NoneType'
+    object is not iterable" and the family was refused (issue 26, case 3). Tool deltas and the user delta after a
+    text answer are token-exact with it, as with the others."""
+    tok = family_tokenizer(tokenizer, name)
+    env = RetryCalcEnv(tok, {})
+    script = [
+        [("add", {"a": 1, "b": 3}, "callA0001")],
+        "It is 4.",
+        [("add", {"a": 1, "b": 2}, "callB0001")],
+        "It is 3.",
+    ]
+    watch = recording(ScriptAgent(tok, name, script))
+    ep = env._run_complete_episode("s", watch, {"target": 3}, on_error="raise")
+    assert ep["status"] == "done" and ep["final_reward"] == 1.0 and ep["num_tool_calls"] == 2, ep["error"]
+    assistant_at = [i for i, m in enumerate(ep["messages"]) if m["role"] == "assistant"]
+    for k, (prompt, _) in enumerate(watch.log["s"]):
+        expected = expected_prompt(tok, name, env, ep["messages"][: assistant_at[k]], script[:k])
+        assert tok.decode(prompt) == expected, (k, tok.decode(prompt), expected)
+    assert "Try again." in tok.decode(ep["full_token_ids"])
+
+
+def test_generate_rollouts_raises_the_documented_tool_template_error(tokenizer, tmp_path):
+    """README: a template that cannot carry tool turns is refused with ToolTemplateError. generate_rollouts raised
+    a TaskValidationError with it only as the cause, so `except ToolTemplateError` caught nothing (issue 26,
+    case 4); it now raises an error that is both, naming the row."""
+    from hf_rollouts.pipeline import generate_rollouts
+    from hf_rollouts.schema import TaskValidationError, to_task_dataset
+
+    tok = family_tokenizer(tokenizer, "phi")
+    agent = ScriptAgent(tok, "qwen2_5", [])
+    agent.tokenizer = tok
+    rows = [{"env_class_path": "test_tools.CalcEnv", "env_config": {}, "task_data": {"target": 3}}]
+    with pytest.raises(ToolTemplateError, match=r"row 0, field 'env_config'.*Phi-3 chat template") as info:
+        generate_rollouts(to_task_dataset(rows), agent, 1, allowed_env_modules=["test_tools"], cache_dir=str(tmp_path))
+    assert isinstance(info.value, TaskValidationError) and isinstance(info.value.__cause__, ToolTemplateError)
 
 
 def test_a_call_cut_by_the_token_budget_is_not_run(tokenizer, recording):

@@ -41,7 +41,11 @@ The rules, all read as "what would the model have seen, given that it sampled th
 6. **Template options**: ``template_kwargs`` (``enable_thinking``, ``reasoning_effort``,
    ``date_string``, ...) go to every render; ``tools`` go to the first render only,
    where every template puts them (system/developer block, first user message, or
-   for Mistral the last user message at that time), so they appear once. Tools come
+   for Mistral the last user message at that time), so they appear once. Renders that
+   deltas are cut from get them too where the template needs them (tool-result deltas
+   always; every render for a template that raises without them, as Hermes-2-Pro's,
+   which loops over them unguarded): the delta is cut after the first prompt, so the
+   list still appears once in the stored ids. Tools come
    from an env's ``_tools()`` hook (``ChatDelta(tools=...)``) or from
    ``template_kwargs["tools"]``, never both: giving both raises :class:`ChatTemplateError`
    rather than silently dropping one list.
@@ -62,8 +66,8 @@ Modules: :mod:`~hf_rollouts.chat.delta` (:class:`ChatDelta`, :class:`AssistantFr
 
 from .check import TemplateFinding, TemplateReport, check_chat_template
 from .delta import AssistantFraming, ChatDelta, ChatTemplateError
-from .tool_calls import ToolFormat, ToolTemplateError, detect_tool_format
-from .tool_turns import ToolTurns, template_messages
+from .tool_calls import ToolFormat, ToolTemplateError
+from .tool_turns import ToolTurns, detect_tool_format, template_messages
 
 __all__ = [
     "AssistantFraming",

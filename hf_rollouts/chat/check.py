@@ -128,7 +128,7 @@ def check_chat_template(
             if op != "equal":
                 stored_text, full_text = tokenizer.decode(history[i1:i2]), tokenizer.decode(full[j1:j2])
                 findings.append(_classify(stored_text, full_text, label, once))
-    findings += _tool_findings(chat, tools)
+    findings += _tool_findings(chat)
     unique = list(dict.fromkeys(findings))
     seen: set[tuple[str, str]] = set()
     findings = [x for x in unique if (x.kind, x.rule) not in seen and not seen.add((x.kind, x.rule))]
@@ -154,17 +154,7 @@ def _classify(stored: str, full: str, label: str, system_once: bool) -> Template
     return TemplateFinding("defect", "unexplained difference", where)
 
 
-_CHECK_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "lookup",
-        "description": "Look a key up.",
-        "parameters": {"type": "object", "properties": {"key": {"type": "string", "description": "The key."}}},
-    },
-}
-
-
-def _tool_findings(chat: ChatDelta, tools: list[dict[str, Any]] | None) -> list[TemplateFinding]:
+def _tool_findings(chat: ChatDelta) -> list[TemplateFinding]:
     """Play one tool conversation through the deltas and compare it with a full render (see
     :func:`check_chat_template`)."""
     turns = ToolTurns(chat)
@@ -181,7 +171,7 @@ def _tool_findings(chat: ChatDelta, tools: list[dict[str, Any]] | None) -> list[
         {"role": "assistant", "content": _CHECK_ANSWERS[0]},
         {"role": "user", "content": _CHECK_USERS[1]},
     ]
-    schemas = tools or [_CHECK_TOOL]
+    schemas = turns.tools
     findings = [TemplateFinding("rewrite", rule, f"{fmt.name} tool calls: {detail}") for rule, detail in fmt.rewrites]
     try:
         full_text = chat.render(template_messages(msgs), add_generation_prompt=True, tools=schemas)

@@ -97,9 +97,30 @@ class ChatDelta:
 
     # -- rendering and tokenizing -------------------------------------------
     def render(self, messages: list[Message], add_generation_prompt: bool, *, tools: list | None = None) -> str:
+        """``apply_chat_template`` of ``messages`` as text. Without ``tools`` only where the template renders
+        without them: one that raises without them but not with them (Hermes-2-Pro loops over ``tools`` unguarded)
+        gets the chat's tools in every render."""
+        if tools is None and self._needs_tools:
+            tools = self.tools
+        return self._apply(messages, add_generation_prompt, tools)
+
+    def _apply(self, messages: list[Message], add_generation_prompt: bool, tools: list | None) -> str:
         return self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, tools=tools, **self.template_kwargs
         )
+
+    @cached_property
+    def _needs_tools(self) -> bool:
+        """Whether a render without ``tools`` raises where one with the chat's tools does not."""
+        if not self.tools:
+            return False
+        probe: list[Message] = [{"role": "user", "content": _DUMMY_USER}]
+        try:
+            self._apply(probe, True, None)
+        except Exception:
+            self._apply(probe, True, self.tools)  # raises itself if tools do not help either
+            return True
+        return False
 
     def encode(self, text: str) -> list[int]:
         """Tokenize raw text (special-token strings in it become special ids), adding nothing."""

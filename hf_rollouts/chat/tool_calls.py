@@ -1,15 +1,21 @@
 """Tool-call formats of chat-template families: which one a template uses and how a sampled turn's calls are parsed.
 
-A model writes a tool call in the format its chat template teaches it. The format is chosen from the template
-text (:func:`detect_tool_format`), never from the model name:
+A model writes a tool call in the format its chat template teaches it. The format is chosen from what the template
+*renders* for an assistant message holding a known call (:func:`recognise_call`, driven by
+:class:`~hf_rollouts.chat.tool_turns.ToolTurns`), never from token names in the template source nor the model name:
 
 ========================  =======================================================================  =============
 format                    what the model samples (after the generation prompt)                     families
 ========================  =======================================================================  =============
-``hermes``                ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, several    Hermes, Qwen2.5,
-                          per turn, then the end token                                             Qwen3, SmolLM3
+``hermes``                ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, several    Hermes-2-Pro,
+                          per turn, then the end token                                             Hermes-3,
+                                                                                                   Qwen2.5, Qwen3,
+                                                                                                   SmolLM3
 ``llama3_json``           ``{"name": ..., "parameters": {...}}`` as the whole message, optionally  Llama-3.1/3.2
                           after ``<|python_tag|>``; ended by ``<|eom_id|>`` or ``<|eot_id|>``
+``pythonic``              ``[name(key="value", n=1), other()]`` as the whole message (Python       Llama-3.2/3.3
+                          literals as values), optionally inside ``<|python_start|>``/              pythonic,
+                          ``<|python_end|>``; several calls per turn                               Llama-4, ToolACE
 ``mistral``               ``[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "9 chars"}]</s>``  Mistral
 ``harmony``               ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>``   gpt-oss
                           ``{...}<|call|>`` or ``to=functions.NAME<|channel|>commentary json``
@@ -23,13 +29,15 @@ the token budget is not executed. A call that cannot be parsed is a :class:`~hf_
 
 transformers 5.x has a declarative parser (``tokenizer.parse_response`` driven by ``tokenizer.response_template``),
 but ships templates for it only inside its serve CLI (Qwen2/Qwen3 Hermes) and none for Llama-3.1, Mistral or
-gpt-oss, and one malformed call fails the whole turn there. So the four formats above have a small parser each
-here; a tokenizer whose template is none of them but that ships its own ``response_template`` is parsed with
-``tokenizer.parse_response`` (format ``response_template``; a parse failure is one malformed call).
+gpt-oss, and one malformed call fails the whole turn there. So the formats above have a small parser each
+here (pythonic calls are read with Python's own ``ast``); a tokenizer whose template renders none of them but that
+ships its own ``response_template`` is parsed with ``tokenizer.parse_response`` (format ``response_template``; a
+parse failure is one malformed call).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Callable
@@ -47,26 +55,33 @@ class ToolTemplateError(ValueError):
 
 
 def template_family(chat_template: str) -> str:
-    """A readable family name for a chat template, from its markers (for messages only)."""
-    for marker, name in _FAMILY_MARKERS:
-        if marker in chat_template:
+    """A readable family name for a chat template, from its markers (for messages only: the tool-call format is
+    read from renders, see :func:`recognise_call`)."""
+    for markers, name in _FAMILY_MARKERS:
+        if all(m in chat_template for m in markers):
             return name
     return "unknown family"
 
 
-_FAMILY_MARKERS = (
-    ("<|channel|>", "gpt-oss (harmony)"),
-    ("<|start_header_id|>", "Llama-3"),
-    ("[TOOL_CALLS]", "Mistral"),
-    ("<<SYS>>", "Llama-2"),
-    ("<start_of_turn>", "Gemma"),
-    ("<｜Assistant｜>", "DeepSeek-R1"),
-    ("<|assistant|>", "Phi-3"),
-    ("/no_think", "SmolLM3"),
-    ("<think>", "Qwen3"),
-    ("<tool_call>", "Hermes / Qwen2.5"),
-    ("<|im_start|>", "ChatML"),
-    ("[INST]", "Llama-2 / Mistral"),
+_FAMILY_MARKERS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("<|channel|>",), "gpt-oss (harmony)"),
+    (("<|header_start|>",), "Llama-4"),
+    (("<|start_header_id|>",), "Llama-3"),
+    (("<|start_of_role|>",), "Granite"),
+    (("[TOOL_CALLS]",), "Mistral"),
+    (("<<SYS>>",), "Llama-2"),
+    (("<start_of_turn>",), "Gemma"),
+    (("<｜Assistant｜>", "</think>"), "DeepSeek-R1"),
+    (("<｜Assistant｜>",), "DeepSeek-V3"),
+    (("functools",), "Phi-4-mini"),
+    (("<|assistant|>",), "Phi-3"),
+    (("<|im_sep|>",), "phi-4"),
+    (("/no_think",), "SmolLM3"),
+    (("<think>",), "Qwen3"),
+    (("You are a function calling AI model",), "Hermes"),
+    (("<tool_call>",), "Hermes / Qwen2.5"),
+    (("<|im_start|>",), "ChatML"),
+    (("[INST]",), "Llama-2 / Mistral"),
 )
 
 
@@ -145,6 +160,46 @@ def parse_mistral(text: str, end: str | None) -> tuple[str, list[ToolCall]]:
     ]
 
 
+_PYTHONIC_START = re.compile(r"\A\s*(?:<\|python_tag\|>|<\|python_start\|>)?\s*\[\s*[A-Za-z_]\w*\s*\(", re.S)
+_PYTHONIC_WRAP = re.compile(r"\A\s*(?:<\|python_tag\|>|<\|python_start\|>)?(.*?)(?:<\|python_end\|>)?\s*\Z", re.S)
+
+
+def parse_pythonic(text: str, end: str | None) -> tuple[str, list[ToolCall]]:
+    """A message that is a Python list of calls, ``[name(key=value, ...), ...]`` (values Python literals), read
+    with ``ast``; optionally after ``<|python_tag|>`` or inside ``<|python_start|>``/``<|python_end|>``. A message
+    that starts like one (``[identifier(``) but is not a list of keyword-only calls with literal values is one
+    malformed call; anything else is plain content."""
+    if not _PYTHONIC_START.match(text):
+        return text.strip(), []
+    raw = text.strip()
+    body = _PYTHONIC_WRAP.match(text).group(1).strip()  # type: ignore[union-attr]
+    try:
+        tree = ast.parse(body, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError) as exc:
+        why = exc.msg if isinstance(exc, SyntaxError) else type(exc).__name__
+        return "", [ToolCall("", None, raw=raw, error=f"not a Python list of calls ({why})")]
+    if not isinstance(tree, ast.List) or not tree.elts:
+        return "", [ToolCall("", None, raw=raw, error="expected a Python list of calls [name(key=value), ...]")]
+    return "", [_pythonic_call(node, raw) for node in tree.elts]
+
+
+def _pythonic_call(node: ast.expr, raw: str) -> ToolCall:
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        return ToolCall("", None, raw=raw, error=f"{ast.unparse(node)!r} is not a call name(key=value, ...)")
+    name, text = node.func.id, ast.unparse(node)
+    if node.args or any(k.arg is None for k in node.keywords):
+        return ToolCall(name, None, raw=text, error="arguments must be given by keyword (name(key=value))")
+    args: dict[str, Any] = {}
+    for kw in node.keywords:
+        try:
+            args[kw.arg] = ast.literal_eval(kw.value)  # type: ignore[index]
+        except (ValueError, TypeError, SyntaxError, RecursionError):
+            return ToolCall(
+                name, None, raw=text, error=f"argument {kw.arg}={ast.unparse(kw.value)} is not a Python literal"
+            )
+    return ToolCall(name, args, raw=text)
+
+
 _HARMONY_HEADER = re.compile(
     r"(?:to=functions\.(?P<pre>[^\s<]+)\s*)?<\|channel\|>\s*(?P<channel>\w+)"
     r"(?:\s+to=functions\.(?P<post>[^\s<]+))?\s*(?:<\|constrain\|>)?\s*(?P<ctype>\w+)?\s*<\|message\|>",
@@ -181,7 +236,7 @@ class ToolFormat:
     """How one family writes tool calls and wants tool results.
 
     Attributes:
-        name: ``hermes``, ``llama3_json``, ``mistral``, ``harmony`` or ``response_template``.
+        name: ``hermes``, ``llama3_json``, ``pythonic``, ``mistral``, ``harmony`` or ``response_template``.
         parse: the turn's text (decoded with special tokens, without its end token) → content and calls.
         call_end_tokens: tokens that end a tool-call turn besides the template's own end token (Llama
             ``<|eom_id|>``, gpt-oss ``<|call|>``); the tool-result delta is cut after one of them.
@@ -222,6 +277,18 @@ LLAMA3_JSON = ToolFormat(
     calls_per_message=1,
     rewrites=(("tool-call end token rewritten in history", "<|eom_id|> → <|eot_id|>, <|python_tag|> dropped"),),
 )
+PYTHONIC = ToolFormat(
+    "pythonic",
+    parse_pythonic,
+    ("<|eom_id|>", "<|eot_id|>", "<|eom|>", "<|eot|>"),
+    rewrites=(
+        (
+            "tool-call arguments rewritten in history",
+            "each value re-rendered with the template's '%s'|format (Llama-3.2 drops string quotes, Llama-4 quotes "
+            "every value, ToolACE appends 'r')",
+        ),
+    ),
+)
 MISTRAL = ToolFormat("mistral", parse_mistral, json_results=True, call_id_length=9)
 HARMONY = ToolFormat(
     "harmony",
@@ -235,7 +302,7 @@ HARMONY = ToolFormat(
         ),
     ),
 )
-TOOL_FORMATS = {f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL, HARMONY)}
+TOOL_FORMATS = {f.name: f for f in (HERMES, LLAMA3_JSON, PYTHONIC, MISTRAL, HARMONY)}
 
 
 def response_template_format(tokenizer: Any) -> ToolFormat:
@@ -256,23 +323,40 @@ def response_template_format(tokenizer: Any) -> ToolFormat:
     return ToolFormat("response_template", parse)
 
 
-def detect_tool_format(chat_template: str, tokenizer: Any = None) -> ToolFormat | None:
-    """The tool-call format ``chat_template`` teaches, or ``None`` when it shows none.
+def _is_probe(obj: Any, name: str, args: dict[str, Any]) -> bool:
+    """``obj`` is the JSON call ``{"name": name, "arguments"|"parameters": args}`` (either key order)."""
+    return isinstance(obj, dict) and obj.get("name") == name and obj.get("arguments", obj.get("parameters")) == args
 
-    Harmony (``to=functions.`` and ``<|channel|>``), Mistral (``[TOOL_CALLS]``), Llama-3 JSON
-    (``<|start_header_id|>`` with ``tool_calls``), Hermes (``<tool_call>``); otherwise the tokenizer's own
-    ``response_template`` when it ships one.
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def recognise_call(text: str, name: str, args: dict[str, Any]) -> ToolFormat | None:
+    """The format of ``text``: what a template rendered for an assistant message whose only tool call is
+    ``name(**args)`` (between the generation prompt and the turn's end token), or ``None`` when it is none of them.
+
+    The shapes: gpt-oss ``to=functions.NAME``; ``[TOOL_CALLS]`` then JSON naming the call; ``<tool_call>`` around
+    the JSON call; the JSON call as the whole message (optionally after ``<|python_tag|>``); ``[NAME(key=...)]`` as
+    the whole message. Values inside pythonic calls are not compared: templates re-render them with ``%s``.
     """
-    if "<|channel|>" in chat_template and "functions." in chat_template:
+    body = text.strip()
+    if f"to=functions.{name}" in body and "<|channel|>" in body:
         return HARMONY
-    if "[TOOL_CALLS]" in chat_template:
-        return MISTRAL
-    if "<|start_header_id|>" in chat_template and "tool_calls" in chat_template:
-        return LLAMA3_JSON
-    if "<tool_call>" in chat_template:
+    if "[TOOL_CALLS]" in body:
+        obj = _json_or_none(body.partition("[TOOL_CALLS]")[2].strip())
+        if any(_is_probe(o, name, args) for o in (obj if isinstance(obj, list) else [obj])):
+            return MISTRAL
+    if any(_is_probe(_json_or_none(m.group(1).strip()), name, args) for m in _HERMES.finditer(body)):
         return HERMES
-    if tokenizer is not None and getattr(tokenizer, "response_template", None) is not None:
-        return response_template_format(tokenizer)
+    if _is_probe(_json_or_none(body.removeprefix("<|python_tag|>").strip()), name, args):
+        return LLAMA3_JSON
+    keys = "|".join(re.escape(k) for k in args)
+    if re.fullmatch(rf"(?:<\|python_start\|>)?\[{re.escape(name)}\((?:{keys})=.*\)\](?:<\|python_end\|>)?", body, re.S):
+        return PYTHONIC
     return None
 
 
@@ -281,9 +365,10 @@ __all__ = [
     "HERMES",
     "LLAMA3_JSON",
     "MISTRAL",
+    "PYTHONIC",
     "TOOL_FORMATS",
     "ToolFormat",
     "ToolTemplateError",
-    "detect_tool_format",
+    "recognise_call",
     "template_family",
 ]

@@ -10,6 +10,13 @@ The rules of :mod:`hf_rollouts.chat` hold for tool turns too:
   calls give several ``tool`` messages in that one delta. Tool output is environment text (rule 5): special-token
   strings in it are spelled out, and its tokens are environment tokens (agent mask 0, tool mask 1).
 
+The format is read from a render too: an assistant message holding one known call (``lookup(key="rope")``) is
+rendered, and the text between the generation prompt and the turn's end token is recognised
+(:func:`~.tool_calls.recognise_call`). A template that renders no call at all in history (SmolLM3) is read by the
+format its rendered tool instructions teach (``<tool_call>``). Every tool render passes ``tools`` (the env's schemas,
+or the probe tool): the first prompt has them, and some templates loop over them unguarded (Hermes-2-Pro raises
+``TypeError: 'NoneType' object is not iterable`` without them).
+
 The delta is read from two renders of ``[dummy user, assistant with the REAL calls] + X``: once with X = the
 ``tool`` messages, once with X = a dummy user message. Both render the assistant turn as a past turn, so they agree
 up to where the tool messages begin; the delta is what the first render writes after the last end token (the
@@ -20,8 +27,9 @@ Per family: Llama-3.1 renders results as role ``ipython`` with JSON-encoded cont
 Mistral needs 9-character call ids and ``json.dumps``-ed content (:class:`~.tool_calls.ToolFormat`).
 
 Templates that cannot carry tool turns are refused by :meth:`ToolTurns.check`, naming the family and the reason:
-Phi-3.5 drops ``tool`` messages, Gemma-2 and Llama-2 raise "roles must alternate", DeepSeek-R1-Distill writes no
-end marker after a tool call (nothing to cut at) and no generation prompt after tool results.
+Phi-3.5 and phi-4 drop ``tool`` messages, Gemma-2 and Llama-2 raise "roles must alternate", DeepSeek-R1-Distill
+writes no generation prompt after tool results, and a template whose rendered call is none of the known formats
+(Granite ``<|tool_call|>``, Phi-4-mini, DeepSeek-V3 ``<｜tool▁calls▁begin｜>``) is refused with an excerpt of it.
 """
 
 from __future__ import annotations
@@ -33,10 +41,36 @@ from typing import Any
 from ..types import Message, ToolCall
 from . import guard
 from .delta import _DUMMY_USER, _DUMMY_USER2, ChatDelta
-from .tool_calls import HERMES, ToolFormat, ToolTemplateError, detect_tool_format, template_family
+from .tool_calls import (
+    HERMES,
+    TOOL_FORMATS,
+    ToolFormat,
+    ToolTemplateError,
+    recognise_call,
+    response_template_format,
+    template_family,
+)
 
 _PROBE_RESULT = "\u2063t"
 _UNNAMED = "invalid_call"  # the name a malformed call without one is rendered with
+PROBE_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look a key up.",
+        "parameters": {
+            "type": "object",
+            "properties": {"key": {"type": "string", "description": "The key."}},
+            "required": ["key"],
+        },
+    },
+}
+"""The tool schema renders get when the chat has none of its own (a template check without an env)."""
+_PROBE_CALL = ToolCall("lookup", {"key": "rope"}, id="call00001")  # 9 alphanumerics: Mistral's ids
+_SUPPORTED = (
+    "Hermes-2-Pro/Hermes-3, Qwen2.5, Qwen3, SmolLM3, Llama-3.1/3.2 JSON, Llama-3.2/3.3 and Llama-4 pythonic, "
+    "ToolACE, Mistral, gpt-oss"
+)
 
 
 class ToolTurns:
@@ -45,10 +79,42 @@ class ToolTurns:
     def __init__(self, chat: ChatDelta) -> None:
         self.chat = chat
 
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The schemas every tool render gets: the chat's own, else :data:`PROBE_TOOL` (see the module docstring)."""
+        return self.chat.tools or [PROBE_TOOL]
+
+    def _render(self, messages: list[Message], add_generation_prompt: bool) -> str:
+        return self.chat.render(messages, add_generation_prompt, tools=self.tools)
+
     @cached_property
+    def _probe(self) -> tuple[ToolFormat | None, str]:
+        """(the format the template renders a known call in or ``None``, the rendered call turn it was read from)."""
+        chat = self.chat
+        user = {"role": "user", "content": _DUMMY_USER}
+        try:
+            opened = self._render([user], True)
+            full = self._render([user, self.assistant_message("", [_PROBE_CALL])], False)
+        except Exception as exc:  # the refusal then comes from the delta probe of check(), with the reason
+            return None, f"(the render raises {type(exc).__name__}: {exc})"
+        start = len(opened) if full.startswith(opened) else full.find(_DUMMY_USER) + len(_DUMMY_USER)
+        turn = full[start:]
+        specials = guard.special_tokens(chat.tokenizer)
+        ends = [*chat.tokenizer.convert_ids_to_tokens(list(chat.end_token_ids))]
+        ends += [t for f in TOOL_FORMATS.values() for t in f.call_end_tokens if t in specials]
+        cuts = [turn.find(t) for t in ends if t and t in turn]
+        turn = turn[: min(cuts)] if cuts else turn
+        fmt = recognise_call(turn, _PROBE_CALL.name, _PROBE_CALL.arguments or {})
+        if fmt is None and _PROBE_CALL.name not in turn and "<tool_call>" in opened:
+            fmt = HERMES  # calls are not rendered in history (SmolLM3): the format its tool instructions teach
+        if fmt is None and getattr(chat.tokenizer, "response_template", None) is not None:
+            fmt = response_template_format(chat.tokenizer)
+        return fmt, turn
+
+    @property
     def format(self) -> ToolFormat | None:
-        """The template's tool-call format (:func:`~.tool_calls.detect_tool_format`), ``None`` if it has none."""
-        return detect_tool_format(self.chat.tokenizer.chat_template, self.chat.tokenizer)
+        """The format the template renders tool calls in (see the module docstring), ``None`` if none is known."""
+        return self._probe[0]
 
     @cached_property
     def family(self) -> str:
@@ -68,9 +134,10 @@ class ToolTurns:
     def check(self) -> ToolFormat:
         """The format, after a probe render that shows the template carries tool turns.
 
-        Raises :class:`~.tool_calls.ToolTemplateError` naming the family and the reason otherwise.
+        Raises :class:`~.tool_calls.ToolTemplateError` naming the family and the reason otherwise (for a format
+        that is not recognised, an excerpt of the rendered call).
         """
-        fmt = self.format
+        fmt, rendered = self._probe
         probe = ToolCall("probe", {"x": 1}, id=(fmt or HERMES).call_id("", 0, 0))
         try:
             _, full, _ = self._delta_text([probe], [_PROBE_RESULT], fmt or HERMES)
@@ -85,22 +152,25 @@ class ToolTurns:
             elif not full.endswith(self._generation_prompt):
                 reason = "it writes no generation prompt after tool results"
             elif fmt is None:
+                shown = " ".join(rendered.split())
+                shown = shown if len(shown) <= 160 else shown[:160] + "..."
                 reason = (
-                    "it shows no tool-call format (no <tool_call>, [TOOL_CALLS], to=functions. or Llama-3 JSON "
-                    "calls) and the tokenizer has no response_template"
+                    "its tool-call format is none this library parses (Hermes <tool_call>, Llama-3 JSON, pythonic "
+                    "[name(key=value)], Mistral [TOOL_CALLS], gpt-oss to=functions.) and the tokenizer has no "
+                    f'response_template: it renders the call lookup(key="rope") as `{shown}`'
                 )
         if reason is not None:
             raise ToolTemplateError(
                 f"The {self.family} chat template cannot carry tool turns: {reason}. A tool environment needs a "
-                "template that renders tool calls and tool results (Hermes/Qwen2.5/Qwen3/SmolLM3, Llama-3.1/3.2, "
-                "Mistral, gpt-oss); use such a model, or give the environment no executable tools."
+                f"template whose tool calls this library parses ({_SUPPORTED}) or a tokenizer with a "
+                "response_template; use such a model, or give the environment no executable tools."
             )
-        return fmt
+        return fmt  # type: ignore[return-value]
 
     @cached_property
     def _generation_prompt(self) -> str:
         u = [{"role": "user", "content": _DUMMY_USER}]
-        with_prompt, bare = self.chat.render(u, True), self.chat.render(u, False)
+        with_prompt, bare = self._render(u, True), self._render(u, False)
         return with_prompt[len(bare) :] if with_prompt.startswith(bare) else ""
 
     def call_message(self, call: ToolCall) -> dict[str, Any]:
@@ -127,10 +197,10 @@ class ToolTurns:
         user = {"role": "user", "content": _DUMMY_USER}
         assistant = self.assistant_message("", calls)
         tools = guard.protect(self.tool_messages(calls, results, fmt), chat._protected, literals)
-        full = chat.render([user, assistant, *tools], True)
-        other = chat.render([user, assistant, *[{**m, "content": _DUMMY_USER2} for m in tools]], True)
+        full = self._render([user, assistant, *tools], True)
+        other = self._render([user, assistant, *[{**m, "content": _DUMMY_USER2} for m in tools]], True)
         common = next((i for i, (a, b) in enumerate(zip(full, other)) if a != b), min(len(full), len(other)))
-        opened = chat.render([user], True)
+        opened = self._render([user], True)
         start = len(opened) if full.startswith(opened) else full.find(_DUMMY_USER) + len(_DUMMY_USER)
         region = full[start:common]
         ends = [region.rfind(t) + len(t) for t in self._end_tokens if t in region]
@@ -145,6 +215,14 @@ class ToolTurns:
         (one per call, in order) and the generation prompt."""
         text, _, literals = self._delta_text(calls, results, self.format or HERMES)
         return guard.encode_guarded(self.chat.tokenizer, text, literals)
+
+
+def detect_tool_format(
+    tokenizer: Any, *, tools: list[dict[str, Any]] | None = None, **template_kwargs: Any
+) -> ToolFormat | None:
+    """The tool-call format ``tokenizer``'s chat template renders (:attr:`ToolTurns.format`), ``None`` if none is
+    recognised; :meth:`ToolTurns.check` says why a template is refused."""
+    return ToolTurns(ChatDelta(tokenizer, template_kwargs, tools or [PROBE_TOOL])).format
 
 
 def template_messages(messages: list[Message]) -> list[Message]:

@@ -18,6 +18,9 @@ Its schema (``{"type": "function", "function": {"name", "description", "paramete
 is the episode's state object (what ``_initialize_episode`` returned): it is hidden from the schema and bound
 per episode, so a tool reaches per-episode data through the state, never through ``self`` (episodes of one env
 run concurrently). Tools from an MCP server are :class:`Tool` objects too (:mod:`hf_rollouts.tools.mcp`).
+
+A call's arguments are checked against ``parameters`` with ``jsonschema`` (types, required keys, enums) before the
+tool runs (:meth:`Tool.argument_errors`); a schema that is not valid JSON Schema is refused when declared.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
+import jsonschema
 from transformers.utils import get_json_schema
 
 STATE_PARAMETER = "state"
@@ -59,6 +64,21 @@ class Tool:
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.fn)
 
+    @cached_property
+    def validator(self) -> Any:
+        """A ``jsonschema`` validator of the call arguments (:func:`arguments_schema` of ``parameters``); raises
+        ``jsonschema.SchemaError`` when that is not a valid JSON Schema."""
+        schema = arguments_schema(self.schema["function"].get("parameters") or {"type": "object"})
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        cls.check_schema(schema)
+        return cls(schema)
+
+    def argument_errors(self, arguments: dict[str, Any]) -> list[str]:
+        """What in ``arguments`` does not fit the tool's schema (wrong types, missing required keys, values outside
+        an enum), one line per problem naming the argument; empty when they fit."""
+        errors = sorted(self.validator.iter_errors(arguments), key=lambda e: [str(p) for p in e.absolute_path])
+        return [f"{'.'.join(map(str, e.absolute_path)) or 'arguments'}: {e.message}" for e in errors]
+
     @classmethod
     def from_function(cls, fn: Callable[..., Any]) -> Tool:
         """Declare ``fn`` (see the module docstring); :class:`ToolDeclarationError` says what to fix."""
@@ -78,6 +98,28 @@ class Tool:
                 "parameter named 'state' receives the episode state and needs neither."
             ) from exc
         return cls(schema, fn, takes_state)
+
+
+def arguments_schema(parameters: dict[str, Any]) -> dict[str, Any]:
+    """``parameters`` as a JSON Schema: OpenAPI's ``"nullable": true`` (what ``get_json_schema`` writes for
+    ``x: int | None``) becomes a ``"null"`` type (and a ``None`` enum value), which JSON Schema validators read."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: walk(v) for k, v in node.items()}
+        if out.get("nullable") is True:
+            del out["nullable"]
+            if "type" in out:
+                types = out["type"] if isinstance(out["type"], list) else [out["type"]]
+                out["type"] = types if "null" in types else [*types, "null"]
+            if isinstance(out.get("enum"), list) and None not in out["enum"]:
+                out["enum"] = [*out["enum"], None]
+        return out
+
+    return walk(parameters)
 
 
 def _without_state(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -103,6 +145,13 @@ class Toolbox:
         self.tools: dict[str, Tool] = {}
         for item in tools:
             tool = Tool.from_function(item)
+            try:
+                tool.validator  # noqa: B018 (built now, so a bad schema is refused before any episode)
+            except jsonschema.SchemaError as exc:
+                raise ToolDeclarationError(
+                    f"tool {tool.name!r}: its parameters are not a valid JSON Schema ({exc.message}); arguments "
+                    "are checked against it before each call. Fix the schema (or the MCP server's input schema)."
+                ) from exc
             if tool.name in self.tools:
                 raise ToolDeclarationError(f"two tools are named {tool.name!r}; tool names must be unique.")
             self.tools[tool.name] = tool

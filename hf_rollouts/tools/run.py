@@ -1,7 +1,8 @@
 """Running one agent turn's tool calls: concurrently, each within ``tool_timeout``, every failure a result.
 
 :func:`run_tool_calls` is what :meth:`hf_rollouts.envs.base.MultistepEnv._call_tools` does by default. It never
-raises for a call: a tool that raises, a call naming no tool, arguments that do not fit the function, and a call
+raises for a call: a tool that raises, a call naming no tool, arguments that do not fit the tool's JSON schema
+(types, required keys, enums: :meth:`~hf_rollouts.tools.declare.Tool.argument_errors`) or its signature, and a call
 that runs past ``timeout`` each become a :class:`~hf_rollouts.types.ToolResult` whose text says what went wrong
 (``status`` ``error`` or ``timeout``), which the model reads as the tool's answer. Raise :class:`ToolFailed` from
 a tool to answer with your own error text.
@@ -78,14 +79,17 @@ async def _awaited(awaitable: Any) -> Any:
 def _bind(tool: Tool, call: ToolCall, state: Any) -> Callable[[], Any] | str:
     """A no-argument callable running ``call``, or the error text when its arguments do not fit."""
     kwargs = dict(call.arguments or {})
+    shown = ", ".join(tool.schema["function"].get("parameters", {}).get("properties", {}))
+    if tool.takes_state and "state" in kwargs:
+        return "Error: 'state' is not an argument of this tool."
+    problems = tool.argument_errors(kwargs)
+    if problems:
+        return f"Error: the arguments do not fit {tool.name}({shown}): {'; '.join(problems)}."
     if tool.takes_state:
-        if "state" in kwargs:
-            return "Error: 'state' is not an argument of this tool."
         kwargs["state"] = state
     try:
         inspect.signature(tool.fn).bind(**kwargs)
     except TypeError as exc:
-        shown = ", ".join(tool.schema["function"]["parameters"].get("properties", {}))
         return f"Error: the arguments do not fit {tool.name}({shown}): {exc}."
     return lambda: tool.fn(**kwargs)
 
