@@ -493,6 +493,18 @@ def test_every_render_has_the_tools_where_the_template_needs_them(tokenizer, rec
     assert "Try again." in tok.decode(ep["full_token_ids"])
 
 
+@pytest.mark.parametrize("name", ["hermes_2_pro", "hermes", "llama3_2_pythonic", "toolace", "llama4_pythonic"])
+def test_check_chat_template_on_the_new_tool_templates(tokenizer, name):
+    """No defect; the pythonic templates' argument rewrite is named; Hermes-2-Pro, which renders nothing without
+    tools, is checked with a probe tool list instead of failing with a TypeError."""
+    from hf_rollouts.chat import check_chat_template
+
+    report = check_chat_template(family_tokenizer(tokenizer, name))
+    assert report.ok and "tool turns unsupported" not in [f.rule for f in report.findings], str(report)
+    pythonic = name in ("llama3_2_pythonic", "toolace", "llama4_pythonic")
+    assert ("tool-call arguments rewritten in history" in report.rewrites) == pythonic, str(report)
+
+
 def test_generate_rollouts_raises_the_documented_tool_template_error(tokenizer, tmp_path):
     """README: a template that cannot carry tool turns is refused with ToolTemplateError. generate_rollouts raised
     a TaskValidationError with it only as the cause, so `except ToolTemplateError` caught nothing (issue 26,

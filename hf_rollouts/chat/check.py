@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 from ..types import Message, ToolCall
 from .delta import AssistantFraming, ChatDelta
 from .tool_calls import ToolTemplateError
-from .tool_turns import ToolTurns, template_messages
+from .tool_turns import PROBE_TOOL, ToolTurns, template_messages
 
 _CHECK_SYSTEM = "Answer in few words."
 _CHECK_USERS = ("Guess my number.", "Higher.", "Lower.")
@@ -82,9 +82,16 @@ def check_chat_template(
     episodes are built (:mod:`hf_rollouts.chat.tool_turns`) and compares it the same way. A template that
     cannot carry tool turns gets the note "tool turns unsupported" with the reason (tool environments refuse
     it); one that can gets its family's tool rewrites named: tool-call header (gpt-oss) or end token (Llama-3.1)
-    rewritten in history, tool calls not rendered in history (SmolLM3).
+    rewritten in history, tool calls not rendered in history (SmolLM3), pythonic arguments re-rendered (Llama-3.2,
+    Llama-4, ToolACE). A template that raises without ``tools`` (Hermes-2-Pro) is checked with a probe tool list.
     """
     chat = ChatDelta(tokenizer, template_kwargs, tools)
+    if tools is None:
+        try:
+            chat.framing  # noqa: B018
+        except Exception:  # a template that renders nothing without tools (Hermes-2-Pro): check it with the probe's
+            tools = [PROBE_TOOL]
+            chat = ChatDelta(tokenizer, template_kwargs, tools)
     f = chat.framing
     findings: list[TemplateFinding] = []
     if f.end_token is not None and f.history_end != f.end_token:
