@@ -54,7 +54,7 @@ from .pipeline import (
     play_rows,
     rollout_columns,
 )
-from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError
+from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_stored
 
 _MAP_ONLY = ("batch_size", "shard_size")
 """RolloutOptions fields that belong to generate_rollouts' own shards, not to a map function."""
@@ -201,7 +201,7 @@ class RolloutMap:
         self._validate(rows, indices[0])
         build_envs(self._envs, rows, first_row=indices[0])
         groups = play_rows(rows, indices, self._envs, self.agent, self.opts, max_concurrency=self.opts.max_concurrency)
-        out = rollout_columns(groups, self.tokenizer.pad_token_id)
+        out = as_stored(rollout_columns(groups, self.tokenizer.pad_token_id))  # as Dataset.map would store them
         if self.chat_template_kwargs:
             out["env_config"] = rows["env_config"]
         return out

@@ -71,7 +71,7 @@ from .envs.registry import validate_task_rows, validate_tasks
 from .executors import Executor, ExecutorOptions, ShardFailedError, ShardPlan, make_executor, plan_shards
 from .fingerprint import canonical, rollout_fingerprint, tokenizer_fingerprint
 from .rollout import DEFAULT_ENV_WORKERS, apply_group_rewards, episode_jobs, pad_task, run_episodes
-from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_task_dataset, complete_structs
+from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_task_dataset
 from .seeding import derive_seed
 from .shard_cache import ShardCacheError, ShardFile
 
@@ -218,7 +218,7 @@ def rollout_columns(groups: list[list[dict[str, Any]]], pad_token_id: int) -> di
         group = pad_task(episodes, pad_token_id)
         for key in ROLLOUT_FEATURES:
             out[key].append(group[key])
-    return complete_structs(out)
+    return out
 
 
 class _Expander:
