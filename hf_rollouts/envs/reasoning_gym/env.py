@@ -30,10 +30,13 @@ scores 0 (a format failure is the model's). An exception from reasoning-gym's co
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
 import threading
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +92,42 @@ HOOKS_LOCK = threading.Lock()
 def _dataset(name: str, config_json: str, seed: int, size: int) -> Any:
     """One reasoning-gym dataset object per recipe (entries are generated on demand, deterministically)."""
     rg = import_reasoning_gym()
-    return rg.create_dataset(name, **json.loads(config_json), seed=seed, size=size)
+    return rg.create_dataset(name, **config_kwargs(name, json.loads(config_json)), seed=seed, size=size)
+
+
+def config_kwargs(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    """``dataset_config`` (JSON: dicts and lists) as the keyword arguments dataset ``name``'s config class expects:
+    a dict given for a dataclass-typed field becomes that dataclass (arc_agi's and rearc's ``board_format_opts``,
+    a ``BoardFormattingOptions``), a list of dicts for a ``list[dataclass]`` field a list of them (composite's
+    ``datasets``, ``DatasetSpec`` objects, as its ``from_yaml`` builds them), and each composite member's own ``config``
+    is built the same way for its dataset. A list given for a ``tuple`` field becomes a tuple (JSON has none)."""
+    from reasoning_gym.factory import DATASETS
+
+    config_class = DATASETS[name][1] if name in DATASETS else None
+    if config_class is None or not dataclasses.is_dataclass(config_class):
+        return dict(config)
+    hints = typing.get_type_hints(config_class)
+    return {key: _typed(hints.get(key), value) for key, value in config.items()}
+
+
+def _typed(tp: Any, value: Any) -> Any:
+    """``value`` built as type ``tp`` where JSON cannot carry it (a dataclass, a list of them, a tuple)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        built = [a for a in args if a is not type(None)]
+        return _typed(built[0], value) if len(built) == 1 else value
+    if isinstance(value, dict) and dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        built = tp(**{k: _typed(hints.get(k), v) for k, v in value.items()})
+        member = getattr(built, "name", None)  # composite's DatasetSpec: its config is its dataset's
+        if isinstance(member, str) and isinstance(getattr(built, "config", None), dict):
+            built.config = config_kwargs(member, built.config)
+        return built
+    if isinstance(value, list) and origin is list and args:
+        return [_typed(args[0], v) for v in value]
+    if isinstance(value, list) and origin is tuple:
+        return tuple(value)
+    return value
 
 
 @dataclass
