@@ -20,7 +20,8 @@ overlaps its waits; see :attr:`MultistepEnv.thread_safe_hooks`.
 
 Optional hooks: ``_calculate_reward(state, step_rewards) -> float`` (default: the sum of
 step rewards), ``_calculate_group_rewards(task_data, states, final_rewards)`` (rewards over all of a
-task's finished rollouts, see :mod:`hf_rollouts.rollout.group`), ``_system_prompt(state)``, ``_tools()`` (the env's
+task's finished rollouts, see :mod:`hf_rollouts.rollout.group`), ``_close_episode(session_id, state)`` (releases what
+an episode holds, on every ending), ``_system_prompt(state)``, ``_tools()`` (the env's
 tools: functions it runs, or bare JSON schemas for the chat template), ``_call_tools(session_id, state, calls)``
 (runs one turn's tool calls), and
 ``_task_list(split, num_tasks)``, which :meth:`~MultistepEnv.get_train_dataset` /
@@ -205,6 +206,19 @@ class MultistepEnv(ABC):
         return None
 
     _calculate_group_rewards.default_hook = True  # type: ignore[attr-defined]
+
+    def _close_episode(self, session_id: str, state: Any) -> None:
+        """Release what an episode's state holds (a server session, a subprocess, a sandbox). Default: nothing.
+
+        Called exactly once for every episode whose :meth:`_initialize_episode` returned, whatever ended it (done,
+        truncated, an exception in any hook, a time limit, the agent failing), after its final reward or its error
+        and before the episode counts as finished, so the resource is free before the next episode takes its slot
+        (see :mod:`hf_rollouts.rollout.episode`). Never called when ``_initialize_episode`` raised: release there
+        what it opened before raising. May be ``async def``; timed by ``step_timeout``. An exception makes the
+        episode ``error``."""
+        return None
+
+    _close_episode.default_hook = True  # type: ignore[attr-defined]
 
     def _system_prompt(self, state: Any) -> str | None:
         """Optional system message opening every episode (``env_config['system_prompt']`` wins)."""
