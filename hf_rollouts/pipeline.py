@@ -339,8 +339,9 @@ def generate_rollouts(
 
     Raises:
         TaskValidationError: for a malformed row, a bad ``env_config`` value (row and key
-            named), an untrusted/unknown env class or a task column named like a rollout
-            column, before any generation (``on_error`` does not apply to bad input).
+            named), ``task_data`` its env refuses (``validate_task_data``; row and key named), an
+            untrusted/unknown env class or a task column named like a rollout column, before any
+            generation (``on_error`` does not apply to bad input).
         ShardCacheError: when a shard file written by another process does not check out.
         ShardFailedError: (Ray) when a shard keeps losing its worker, or its work raised on a worker.
     """
@@ -368,7 +369,7 @@ def generate_rollouts(
     classes = validate_tasks(tasks, allowed_env_modules, allowed_env_models)
     envs = _EnvCache(classes, tokenizer)
     rows = tasks.select_columns(list(TASK_COLUMNS))[:]  # the columns the envs read, decoded once
-    build_envs(envs, rows)
+    prepare_rows(envs, rows)
 
     fingerprint = rollout_fingerprint(tasks, agent, tokenizer, opts, envs.fingerprints())
     cache = Path(cache_dir) if cache_dir is not None else default_rollout_cache_dir()
@@ -416,13 +417,25 @@ def _split_options(options: dict[str, Any], executor: str | Executor) -> tuple[d
     return {k: v for k, v in options.items() if k in run_names}, where
 
 
-def build_envs(envs: _EnvCache, rows: dict[str, list], first_row: int = 0) -> None:
-    """Build every env the rows name, up front: a config an env rejects fails before generation, naming the row."""
-    for i, (path, config) in enumerate(zip(rows["env_class_path"], rows["env_config"]), start=first_row):
+def prepare_rows(envs: _EnvCache, rows: dict[str, list], first_row: int = 0) -> None:
+    """Build every env the rows name and check every row's ``task_data`` with its env's
+    :meth:`~hf_rollouts.envs.base.MultistepEnv.validate_task_data`, up front: a config an env rejects, or task data
+    it refuses, fails before any generation with a :class:`TaskValidationError` naming the row and the field."""
+    for i, (path, config, task) in enumerate(
+        zip(rows["env_class_path"], rows["env_config"], rows["task_data"]), start=first_row
+    ):
         try:
-            envs.get(path, config)
+            env = envs.get(path, config)
         except Exception as exc:
             raise TaskValidationError(f"row {i}, field 'env_config': {path} rejected {config!r}: {exc}") from exc
+        if getattr(env.validate_task_data, "default_hook", False):
+            continue
+        try:
+            env.validate_task_data(task)
+        except Exception as exc:
+            key = getattr(exc, "key", None)
+            where = f"row {i}, field 'task_data'" + (f", key {key!r}" if key is not None else "")
+            raise TaskValidationError(f"{where} ({type(env).__name__}): {exc}") from exc
 
 
 def _rollout_table(
@@ -551,7 +564,7 @@ class _RemoteRolloutWork:
             warnings.simplefilter("ignore", UnknownConfigKeyWarning)
             classes = validate_task_rows(self.rows, self.allowed_env_modules, self.allowed_env_models)
         envs = _EnvCache(classes, self.tokenizer)
-        build_envs(envs, self.rows)
+        prepare_rows(envs, self.rows)
         found = _identity(agent, self.tokenizer, envs)
         differ = [key for key in self.identity if canonical(found[key]) != canonical(self.identity[key])]
         if differ:

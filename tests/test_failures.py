@@ -317,6 +317,44 @@ def test_a_shard_that_breaks_after_generation_is_a_clear_error_naming_it(tokeniz
         shard.load()
 
 
+# -- task data, checked by each env before any episode ---------------------------------------------
+RG = "hf_rollouts.envs.reasoning_gym.ReasoningGymEnv"
+SKY = "hf_rollouts.envs.skyrl.SkyRLGymEnv"
+MASTERMIND = "hf_rollouts.envs.mastermind.MastermindEnv"
+GSM8K_ROW = {"prompt": [{"role": "user", "content": "1 + 1?"}], "extras": {"reward_spec": {"ground_truth": "2"}}}
+BAD_TASK_DATA = [
+    ("reasoning_gym", RG, {"dataset": "basic_arithmetic"}, {"seed": 1, "size": 3, "index": 0},
+     {"size": 3, "index": 0}, "row 2, field 'task_data', key 'seed'.*needs 'seed'"),
+    ("reasoning_gym", RG, {"dataset": "basic_arithmetic"}, {"seed": 1, "size": 3, "index": 0},
+     {"seed": "7", "size": 3, "index": 0}, "row 2, field 'task_data', key 'seed'.*must be an int, got str"),
+    ("reasoning_gym", RG, {"dataset": "basic_arithmetic"}, {"seed": 1, "size": 3, "index": 0},
+     {"seed": 1, "size": 3, "index": 3}, "row 2, field 'task_data', key 'index'.*out of range.*index <= 2"),
+    ("skyrl_gym", SKY, {"env_class": "gsm8k"}, GSM8K_ROW, {"extras": {}}, "row 2, field 'task_data', key 'prompt'"),
+    ("datasets", MASTERMIND, {}, {"code": [1, 2, 3, 4]}, {"code": [1, 2, 7, 1]}, "row 2, .*key 'code'.*num_symbols=6"),
+    ("datasets", GUESS, {}, {"target": 3}, {"target": "7"}, "row 2, field 'task_data', key 'target'.*must be an int"),
+    ("datasets", GUESS, {"high": 5}, {"target": 3}, {"target": 7}, "row 2, .*key 'target'.*target <= 5"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("package, path, config, good, bad, message", BAD_TASK_DATA)
+def test_bad_task_data_is_refused_before_any_episode(package, path, config, good, bad, message, tokenizer, tmp_path):
+    """Each env checks its rows' task_data (validate_task_data) before anything is played: generate_rollouts,
+    rollout_map over a Dataset and over a stream all refuse the run, naming the row and the key."""
+    from hf_rollouts import rollout_map
+
+    pytest.importorskip(package)
+    ds = to_task_dataset([{"env_class_path": path, "env_config": config, "task_data": t} for t in (good, good, bad)])
+    agent = Returns(lambda turn: Action(text="x"), tokenizer)
+    with pytest.raises(TaskValidationError, match=message):
+        run(ds, agent, tokenizer, tmp_path)
+    fn = rollout_map(agent, 1, tokenizer=tokenizer)
+    with pytest.raises(TaskValidationError, match=message):
+        fn.features(ds)
+    with pytest.raises(TaskValidationError, match=message):
+        list(ds.to_iterable_dataset().map(fn, batched=True, batch_size=4, with_indices=True))
+    assert agent.calls == 0
+
+
 # -- 8. output directory ----------------------------------------------------------------------
 def cli_generate(tmp_path, output, *extra):
     from hf_rollouts.cli import main

@@ -228,3 +228,14 @@ def test_every_ending_runs_verifiers_cleanup_once(tokenizer):
     assert played["status"] in ("done", "truncated")
     assert broke["status"] == "error" and "env_response broke" in broke["error"]
     assert hfr_vf_arith.CLEANED == [task["answer"]] * 2
+
+
+def test_a_row_without_a_prompt_is_refused_before_any_episode(tokenizer, tmp_path):
+    from hf_rollouts.schema import to_task_dataset
+
+    env = VerifiersEnv(tokenizer, {"env_id": "hfr-vf-arith"})
+    good = env.get_train_dataset(1)[0]
+    rows = [good, {**good, "task_data": {"answer": "3"}}]
+    with pytest.raises(TaskValidationError, match="row 1, field 'task_data', key 'prompt'"):
+        generate_rollouts(to_task_dataset(rows), scripted(adder, tokenizer), 1, cache_dir=tmp_path, progress=False,
+                          allowed_env_modules=ALLOW)  # fmt: skip

@@ -24,6 +24,7 @@ task's finished rollouts, see :mod:`hf_rollouts.rollout.group`), ``_close_episod
 an episode holds, on every ending), ``_system_prompt(state)``, ``_tools()`` (the env's
 tools: functions it runs, or bare JSON schemas for the chat template), ``_call_tools(session_id, state, calls)``
 (runs one turn's tool calls), and
+``validate_task_data(task_data)`` (checks a row before any episode runs), and
 ``_task_list(split, num_tasks)``, which :meth:`~MultistepEnv.get_train_dataset` /
 :meth:`~MultistepEnv.get_eval_dataset` need to make task rows (an env whose tasks come from the
 user's own dataset can leave it out).
@@ -206,6 +207,20 @@ class MultistepEnv(ABC):
         return None
 
     _calculate_group_rewards.default_hook = True  # type: ignore[attr-defined]
+
+    def validate_task_data(self, task_data: dict[str, Any]) -> None:
+        """Check one task row's ``task_data`` without playing it. Default: nothing (a bad row then fails in its
+        episodes, as ``error``).
+
+        ``generate_rollouts``, ``rollout_map`` and the CLI call it for every row before any episode runs; raise
+        :class:`~hf_rollouts.envs.task_data.TaskDataError` (its ``key`` names the field; :func:`~hf_rollouts.envs.
+        task_data.task_int` and :func:`~hf_rollouts.envs.task_data.require` check the common cases), or any other
+        exception, with the reason: the run is refused with a :class:`~hf_rollouts.schema.TaskValidationError`
+        naming the row and the field. Check what can be known without an episode (keys present, types, ranges,
+        values the env knows), never by playing."""
+        return None
+
+    validate_task_data.default_hook = True  # type: ignore[attr-defined]
 
     def _close_episode(self, session_id: str, state: Any) -> None:
         """Release what an episode's state holds (a server session, a subprocess, a sandbox). Default: nothing.

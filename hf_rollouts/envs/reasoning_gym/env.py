@@ -14,7 +14,9 @@ from that verifier.
 every episode as ``create_dataset(dataset, **dataset_config, seed=seed, size=size)[index]``. Entries are
 never stored: they hold Python objects (tuples, sets, grids) that a JSON round trip through a dataset
 changes, after which ``score_answer`` scores even the right answer wrong (ARC-AGI scores its own answer
-0.05 after one). A recipe without a seed is refused (reasoning-gym would pick a random one).
+0.05 after one). A recipe without a seed (or with a seed, size or index that is not an int in range) is
+refused before any episode runs (:meth:`ReasoningGymEnv.validate_task_data`; reasoning-gym would pick a random
+seed).
 
 Train and eval tasks come from one seed each (derived from ``env_config["seed"]`` and the dataset
 name), ``2**30`` apart, so their entries (generated from ``Random(seed + index)``) never share a seed.
@@ -45,6 +47,7 @@ from transformers import PreTrainedTokenizerBase
 from ..base import MultistepEnv
 from ..config import EnvConfig, EnvConfigError, option
 from ..external import import_optional, package_version
+from ..task_data import task_int
 
 PROMPT_STYLES = ("default", "DeepSeekZero", "simple", "direct", "chain_of_draft", "none")
 """Keys of ``reasoning_gym.utils.SYSTEM_PROMPTS`` (reasoning-gym 0.1.25), and ``none`` for no system prompt."""
@@ -142,24 +145,18 @@ class ReasoningGymEpisode:
 
 
 def _recipe(task_data: dict[str, Any]) -> dict[str, int]:
-    if not isinstance(task_data, dict):
-        raise TypeError(f"task_data must be a dict, got {type(task_data).__name__}.")
-    missing = [k for k in ("seed", "size", "index") if k not in task_data]
-    if missing:
-        raise ValueError(
-            f"ReasoningGymEnv task_data is a recipe {{'seed', 'size', 'index'}}; missing {missing} (got keys "
-            f"{sorted(task_data)}). Make tasks with ReasoningGymEnv(...).get_train_dataset(); a recipe needs an "
-            "explicit seed (reasoning-gym would pick a random one)."
-        )
-    recipe = {}
-    for key in ("seed", "size", "index"):
-        value = task_data[key]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"ReasoningGymEnv task_data[{key!r}] must be an int, got {value!r}.")
-        recipe[key] = value
-    if recipe["size"] < 1 or not 0 <= recipe["index"] < recipe["size"] or recipe["seed"] < 0:
-        raise ValueError(f"ReasoningGymEnv task_data {recipe} needs seed >= 0, size >= 1 and 0 <= index < size.")
-    return recipe
+    """The recipe ``{seed, size, index}`` of ``task_data``; :class:`TaskDataError` naming the key that is missing, not
+    an int, or out of range."""
+    hint = (
+        " (a recipe {'seed', 'size', 'index'}: make tasks with ReasoningGymEnv(...).get_train_dataset(); a recipe "
+        "needs an explicit seed, else reasoning-gym would pick a random one)"
+    )
+    size = task_int(task_data, "size", "ReasoningGymEnv", low=1, hint=hint)
+    return {
+        "seed": task_int(task_data, "seed", "ReasoningGymEnv", low=0, hint=hint),
+        "size": size,
+        "index": task_int(task_data, "index", "ReasoningGymEnv", low=0, high=size - 1, hint=hint),
+    }
 
 
 class ReasoningGymEnv(MultistepEnv):
@@ -202,6 +199,10 @@ class ReasoningGymEnv(MultistepEnv):
         return _dataset(self.config.dataset, self._config_json, recipe["seed"], recipe["size"])
 
     # -- hooks ------------------------------------------------------------------
+    def validate_task_data(self, task_data: dict[str, Any]) -> None:
+        """The recipe's ``seed``, ``size`` and ``index``: present, ints, ``seed >= 0``, ``0 <= index < size``."""
+        _recipe(task_data)
+
     def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> ReasoningGymEpisode:
         recipe = _recipe(task_data)
         entry = self.dataset_of(recipe)[recipe["index"]]

@@ -48,6 +48,7 @@ from transformers import PreTrainedTokenizerBase
 from ..base import MultistepEnv
 from ..config import EnvConfig, EnvConfigError, option
 from ..external import import_optional, package_version
+from ..task_data import TaskDataError, require
 
 DEFAULT_EMPTY_OBSERVATION = "(The environment returned no message. Continue.)"
 
@@ -148,12 +149,27 @@ class SkyRLGymEnv(MultistepEnv):
         self._env_config = OmegaConf.create(self.config.skyrl_env_config or {})
 
     # -- hooks ------------------------------------------------------------------
-    def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> SkyRLEpisode:
-        if not isinstance(task_data, dict) or "prompt" not in task_data:
-            raise ValueError(
-                "SkyRLGymEnv task_data is one SkyRL dataset row {'prompt': [messages], 'extras': {...}} "
-                f"(hf_rollouts.envs.skyrl.skyrl_task); got {task_data!r:.120}."
+    def validate_task_data(self, task_data: dict[str, Any]) -> None:
+        """A SkyRL row: ``prompt`` a non-empty list of ``{role, content}`` text messages, ``extras`` a dict if given."""
+        hint = " (one SkyRL dataset row {'prompt': [messages], 'extras': {...}}: hf_rollouts.envs.skyrl.skyrl_task)"
+        prompt = require(task_data, "prompt", "SkyRLGymEnv", hint)
+        if (
+            not isinstance(prompt, list)
+            or not prompt
+            or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in prompt
             )
+        ):
+            raise TaskDataError("prompt", f"SkyRLGymEnv task_data['prompt'] must be a non-empty list of "
+                                f"{{'role': str, 'content': str}} messages, got {prompt!r:.120}.")  # fmt: skip
+        if not isinstance(task_data.get("extras") or {}, dict):
+            raise TaskDataError(
+                "extras", f"SkyRLGymEnv task_data['extras'] must be a dict, got {task_data['extras']!r:.80}."
+            )
+
+    def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> SkyRLEpisode:
+        self.validate_task_data(task_data)
         extras = copy.deepcopy(task_data.get("extras") or {})
         extras["max_turns"] = self.max_turns  # as SkyRL's generator does
         env = self.gym.make(self.config.env_class, env_config=self._env_config, extras=extras)

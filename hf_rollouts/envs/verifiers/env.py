@@ -71,6 +71,7 @@ from ...types import ToolCall, ToolResult
 from ..base import MultistepEnv
 from ..config import EnvConfig, option
 from ..external import import_optional, package_version
+from ..task_data import TaskDataError, require
 
 _REWARD_ERRORS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("hfr_vf_reward_errors", default=None)
 TRUNCATING_STOPS = frozenset({"max_turns_reached", "timeout_reached", "prompt_too_long"})
@@ -210,6 +211,13 @@ class VerifiersEnv(MultistepEnv):
         return [Tool(_schema(d), _run_by_verifiers) for d in defs] or None
 
     # -- hooks ------------------------------------------------------------------
+    def validate_task_data(self, task_data: dict[str, Any]) -> None:
+        """A row of the env's dataset: ``prompt`` (messages, or text) present, as ``init_state`` reads it."""
+        prompt = require(task_data, "prompt", "VerifiersEnv", " (a row of the env's dataset: get_train_dataset())")
+        if not isinstance(prompt, (list, str)) or not prompt:
+            raise TaskDataError("prompt", f"VerifiersEnv task_data['prompt'] must be a non-empty list of messages "
+                                f"(or text), got {prompt!r:.120}.")  # fmt: skip
+
     async def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> VerifiersEpisode:
         env, vf, row = self.vf_env, self.vf, dict(task_data)
         row.setdefault("example_id", 0)
