@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import yaml
 from datasets import load_from_disk
@@ -11,6 +18,8 @@ from hf_rollouts.cli import main
 from hf_rollouts.envs.mastermind import MastermindEnv
 from hf_rollouts.pipeline import generate_rollouts
 from hf_rollouts.publish import compute_stats, render_card
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_card_contents(tokenizer, tmp_path):
@@ -147,29 +156,24 @@ def test_cli_tasks_generate_inspect(tmp_path, capsys):
     assert ds[1]["conversations"][1][0]["content"][:40] in shown  # the env's opening message, decoded
 
 
+def one_error_line(capsys) -> str:
+    """The CLI's stderr: exactly one ``error:`` line, no traceback (progress bars of work done before, such as
+    loading the model, aside)."""
+    lines = [line for line in capsys.readouterr().err.strip().splitlines() if "%|" not in line]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
 def test_cli_generate_from_env_and_errors(tmp_path, capsys):
-    with pytest.raises(SystemExit, match="exactly one of --env"):
-        main(["generate", "--output", str(tmp_path / "x")])
-    with pytest.raises(SystemExit, match="JSON object"):
-        main(["generate", "--env", "mastermind", "--env-config", "{oops", "--output", str(tmp_path / "x")])
-    with pytest.raises(SystemExit, match="out of range"):
-        main(
-            [
-                "generate",
-                "--env",
-                "guess_number",
-                "--num-tasks",
-                "2",
-                "--num-rollouts",
-                "1",
-                "--max-new-tokens",
-                "4",
-                "--output",
-                str(tmp_path / "g"),
-                "--cache-dir",
-                str(tmp_path / "c"),
-            ]
-        ) or main(["inspect", str(tmp_path / "g"), "--row", "5"])
+    assert main(["generate", "--output", str(tmp_path / "x")]) == 2
+    assert "exactly one of --env" in one_error_line(capsys)
+    assert main(["generate", "--env", "mastermind", "--env-config", "{oops", "--output", str(tmp_path / "x")]) == 2
+    assert "JSON object" in one_error_line(capsys)
+    generate = ["generate", "--env", "guess_number", "--num-tasks", "2", "--num-rollouts", "1", "--max-new-tokens", "4"]
+    assert main([*generate, "--output", str(tmp_path / "g"), "--cache-dir", str(tmp_path / "c")]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "g"), "--row", "5"]) == 2
+    assert "out of range" in one_error_line(capsys)
     assert main([]) == 2 and "usage: hf-rollouts" in capsys.readouterr().out
 
 
@@ -210,3 +214,52 @@ def test_inspect_reports_retokenized_agent_text(tokenizer):
     shown = format_trajectory(row, 0, tokenizer)
     n = sum(out["padded_agent_token_mask"][0])
     assert f"re-tokenized from text (no sampled ids reported): {n}" in shown and "{+1}" in shown
+
+
+def _bad_recipe_tasks(tmp_path) -> str:
+    from hf_rollouts.schema import to_task_dataset
+
+    row = {"env_class_path": "hf_rollouts.envs.reasoning_gym.ReasoningGymEnv",
+           "env_config": {"dataset": "basic_arithmetic"}, "task_data": {"seed": 3, "size": 2, "index": 0}}  # fmt: skip
+    to_task_dataset([row, {**row, "task_data": {"size": 2, "index": 1}}]).save_to_disk(str(tmp_path / "tasks"))
+    return str(tmp_path / "tasks")
+
+
+MISSING = r"the folder '/tmp/no-such-dir' does not exist"
+USER_ERRORS = [
+    (["generate", "--env", "mypkg.envs.X", "--allow-env-module", "other"],
+     r"outside the modules trusted and allowed here \['hf_rollouts.envs', 'other'\].*--allow-env-module mypkg"),
+    (["tasks", "--env", "reasoning_gym:basic_arithmetics"],
+     r"not a reasoning-gym dataset\. Did you mean \['basic_arithmetic'"),
+    (["tasks", "--env", "verifiers:vf-wordle"], r'pip install "hf_rollouts\[verifiers\]"'),
+    (["generate", "--env", "guess_number", "--model", "/tmp/no-such-dir"], MISSING),
+    (["generate", "--env", "guess_number", "--model", "vllm:/tmp/no-such-dir"], MISSING),
+    (["generate", "--tasks", _bad_recipe_tasks, "--num-rollouts", "1"], r"row 1, field 'task_data', key 'seed'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args, message", USER_ERRORS)
+def test_user_errors_are_one_line_with_the_fix_and_exit_code_2(args, message, tmp_path, capsys):
+    """What a user got wrong is one ``error:`` line saying what to do, exit code 2; --debug shows the traceback."""
+    if "verifiers:vf-wordle" in args and importlib.util.find_spec("verifiers") is not None:
+        pytest.skip("verifiers is installed here: no missing extra to report")
+    args = [a(tmp_path) if callable(a) else a for a in args]
+    capsys.readouterr()
+    argv = [*args, "--output", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")]
+    if args[0] == "tasks":
+        argv.remove("--cache-dir"), argv.remove(str(tmp_path / "cache"))
+    assert main(argv) == 2
+    assert re.search(message, one_error_line(capsys)), message
+    assert not (tmp_path / "cache").exists()  # nothing was generated
+    with pytest.raises(Exception, match=message):  # --debug: the exception itself, with its traceback
+        main([*argv, "--debug"])
+
+
+def test_the_installed_entry_point_prints_one_line(tmp_path):
+    """The real process: nothing but the one line on stderr (no traceback, no log noise), exit code 2."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "hf_rollouts.cli", "generate", "--env", "guess_number", "--model", "/tmp/no-such-dir",
+           "--output", str(tmp_path / "out")]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.splitlines() == [run.stderr.strip()] and run.stderr.startswith("error: model '/tmp/no-such-dir'")

@@ -178,7 +178,10 @@ def test_rows_are_validated_before_any_episode(tokenizer):
     good = {"env_class_path": "hf_rollouts.envs.mastermind.MastermindEnv", "env_config": {}, "task_data": {}}
     untrusted = {**good, "env_class_path": "os.path.Something"}
     bad_config = {**good, "env_config": {"code_length": 0}}
-    for bad, message in [(untrusted, "outside the trusted modules"), (bad_config, r"row 3, field 'env_config'")]:
+    for bad, message in [
+        (untrusted, "outside the modules trusted and allowed"),
+        (bad_config, r"row 3, field 'env_config'"),
+    ]:
         ds = to_task_dataset([good, good, good, bad])
         with pytest.raises(TaskValidationError, match=message):
             fn.features(ds)  # a Dataset: every row checked up front

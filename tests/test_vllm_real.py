@@ -489,4 +489,4 @@ def test_vllm_spec_without_vllm_says_how_to_set_it_up(tmp_path):
     with pytest.raises(VLLMUnavailableError, match=r"bash scripts/setup_vllm\.sh"):
         load_agent("vllm:some/model")
     run = _cli("generate", "--env", "mastermind", "--num-tasks", "1", "--model", "vllm:x", "--output", str(tmp_path))
-    assert run.returncode == 1 and "scripts/setup_vllm.sh" in run.stderr
+    assert run.returncode == 2 and run.stderr.startswith("error: ") and "scripts/setup_vllm.sh" in run.stderr
