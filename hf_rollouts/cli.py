@@ -438,7 +438,13 @@ def cmd_check_template(argv: list[str]) -> int:
     else:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(ns.model, trust_remote_code=args.trust_remote_code)
+        from .agents.loading import check_local_model
+
+        check_local_model(ns.model)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(ns.model, trust_remote_code=args.trust_remote_code)
+        except OSError as exc:  # no such Hub id offline, no tokenizer files
+            raise UsageError(f"{ns.model}: cannot load its tokenizer: {exc}") from exc
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
     report = check_chat_template(tokenizer, **_json_dict(args.chat_template_kwargs, "--chat-template-kwargs"))
