@@ -346,6 +346,9 @@ def cmd_generate(argv: list[str]) -> int:
         raise UsageError(f"--model {args.model}: cannot load it: {exc}") from exc
     run = asdict(options)
     num_rollouts = run.pop("num_rollouts")
+    from .executors import make_executor
+
+    executor = make_executor(where)  # built here so that its report can be printed and put in the card
     ds = generate_rollouts(
         tasks,
         agent,
@@ -354,8 +357,8 @@ def cmd_generate(argv: list[str]) -> int:
         allowed_env_models=allowed_models,
         cache_dir=args.cache_dir,
         chat_template_kwargs=_json_dict(args.chat_template_kwargs, "--chat-template-kwargs"),
+        executor=executor,
         **run,
-        **asdict(where),
     )
     state = process_state()
     if not state.is_main_process:
@@ -367,6 +370,7 @@ def cmd_generate(argv: list[str]) -> int:
         agent_info=info,
         seed=options.seed,
         run_options=asdict(options),
+        executor_report=executor.report,
         pad_token_id=agent.tokenizer.pad_token_id,
         load_path=args.push_to_hub or str(Path(args.output).resolve()),
     )
@@ -377,6 +381,8 @@ def cmd_generate(argv: list[str]) -> int:
         f"\nwrote {len(ds)} tasks x {num_rollouts} rollouts to {args.output} (card: {Path(args.output) / 'README.md'})"
     )
     for key, value in stats.table():
+        print(f"  {key:<22} {value}")
+    for key, value in executor.report.rows():
         print(f"  {key:<22} {value}")
     if isinstance(getattr(agent, "stats", None), dict):  # an endpoint agent's request counters
         mode = info.get("mode")

@@ -152,6 +152,14 @@ ROLLOUT_COLUMNS: tuple[Column, ...] = (
         "[rollout] agent turns cut by the token budget before an end-of-turn token",
     ),
     Column("statuses", "status", Value("string"), None, "[rollout] `done`, `truncated` or `error`", True),
+    Column(
+        "solved",
+        "solved",
+        Value("bool"),
+        None,
+        "[rollout] the task was solved: the env's `info['solved']`, else the final reward reached the env's "
+        "`max_reward`; null when the env declares neither; false for `error`",
+    ),
     Column("errors", "error", Value("string"), None, "[rollout] the error message of an `error` rollout"),
     Column("conversations", "messages", List(MESSAGE), None, "[rollout] the readable chat of the episode"),
     Column(

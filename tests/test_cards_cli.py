@@ -13,7 +13,7 @@ import pytest
 import yaml
 from datasets import load_from_disk
 
-from hf_rollouts import ScriptedAgent
+from hf_rollouts import MultistepEnv, ScriptedAgent
 from hf_rollouts.cli import main
 from hf_rollouts.envs.mastermind import MastermindEnv
 from hf_rollouts.pipeline import generate_rollouts
@@ -51,7 +51,7 @@ def test_card_contents(tokenizer, tmp_path):
     assert "| model | `scripted` |" in text and "| seed | `5` |" in text and "| num_rollouts | `2` |" in text
     for column in ds.column_names:
         assert f"`{column}`" in text
-    assert "| solve rate (pass@1) | 0.5000 |" in text and "| pass@2 | 0.5000 |" in text
+    assert "| solve rate (pass@1) | 0.5000 (2 of 4 rollouts) |" in text and "| pass@2 | 0.5000 |" in text
     assert "done 2, truncated 1, error 1" in text
     assert "| turns cut by the token budget | 0 |" in text and "`num_cut_turns`" in text
     assert 'load_rollouts("user/rollouts"' in text and 'load_dataset("user/rollouts"' in text
@@ -263,3 +263,74 @@ def test_the_installed_entry_point_prints_one_line(tmp_path):
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert run.returncode == 2 and run.stdout == ""
     assert run.stderr.splitlines() == [run.stderr.strip()] and run.stderr.startswith("error: model '/tmp/no-such-dir'")
+
+
+class Shaped(MultistepEnv):
+    """Asks for the word in its task; a shaped reward: 1.0 (its max_reward) for "exact", 0.73 for anything else."""
+
+    default_max_reward = 1.0
+
+    def _initialize_episode(self, session_id, task_data):
+        return dict(task_data)
+
+    def _format_prompt(self, state, step):
+        return state["say"]
+
+    def _step_episode(self, session_id, state, action):
+        return state, (1.0 if action == "exact" else 0.73), True, {}
+
+
+class SaysSolved(Shaped):
+    """No max_reward; it says itself what solved is."""
+
+    default_max_reward = None
+
+    def _step_episode(self, session_id, state, action):
+        return state, 0.5, True, {"solved": action == "exact"}
+
+
+class Silent(Shaped):
+    default_max_reward = None
+
+
+def _solved_run(cls, words, tokenizer, tmp_path, config=None):
+    """Two rollouts of one task per word; the agent says the word its task asks for."""
+    path = f"{__name__}.{cls.__name__}"
+    rows = [{"env_class_path": path, "env_config": config or {}, "task_data": {"say": w}} for w in words]
+    agent = ScriptedAgent(lambda messages: messages[-1]["content"])
+    return generate_rollouts(rows, agent, 2, tokenizer=tokenizer, cache_dir=tmp_path / cls.__name__, progress=False,
+                             allowed_env_modules=[__name__])  # fmt: skip
+
+
+def test_solved_is_the_envs_to_say_and_the_card_says_what_it_counts(tokenizer, tmp_path):
+    """A shaped reward (0.73 of 1.0) is not solved; info["solved"] decides where the env gives it; an env that
+    declares neither has no solve rate (n/a), never a guess."""
+    close = _solved_run(Shaped, ["close", "close"], tokenizer, tmp_path / "a")
+    assert compute_stats(close).solve_rate == 0.0 and compute_stats(close).mean_final_reward == pytest.approx(0.73)
+    shaped = _solved_run(Shaped, ["close", "exact"], tokenizer, tmp_path / "b")
+    assert shaped["solved"] == [[False, False], [True, True]] and compute_stats(shaped).solve_rate == 0.5
+    lowered = _solved_run(Shaped, ["close"], tokenizer, tmp_path / "c", {"max_reward": 0.7})  # env_config wins
+    assert lowered["solved"] == [[True, True]]
+    says = _solved_run(SaysSolved, ["exact", "close"], tokenizer, tmp_path / "d")
+    assert says["solved"] == [[True, True], [False, False]] and compute_stats(says).pass_at_k == 0.5
+    silent = _solved_run(Silent, ["exact"], tokenizer, tmp_path / "e")
+    assert silent["solved"] == [[None, None]] and compute_stats(silent).judged == 0
+    text = str(render_card(shaped, agent_info={"model": "scripted"}, seed=0, pad_token_id=0))
+    assert "| solve rate (pass@1) | 0.5000 (2 of 4 rollouts) |" in text
+    assert "`Shaped`: its `info['solved']` where it says, else final reward >= 1." in text
+    table = dict(compute_stats(silent).table())
+    assert table["solve rate (pass@1)"].startswith("n/a") and table["pass@2"] == "n/a"
+
+
+def test_the_executor_report_is_printed_and_kept_in_the_card(tmp_path, capsys):
+    args = ["generate", "--env", "guess_number", "--num-tasks", "4", "--num-rollouts", "1", "--max-new-tokens", "4",
+            "--shard-size", "2", "--cache-dir", str(tmp_path / "c")]  # fmt: skip
+    assert main([*args, "--output", str(tmp_path / "a")]) == 0
+    printed = capsys.readouterr().out
+    assert "executor               local" in printed and "shards run             2 of 2 (0, 1)" in printed
+    card = (tmp_path / "a" / "README.md").read_text()
+    assert "## How the run went" in card and "| shards run | 2 of 2 (0, 1) |" in card
+    assert main([*args, "--output", str(tmp_path / "b")]) == 0  # the same run again: served from the cache
+    printed = capsys.readouterr().out
+    assert "shards run             0 of 2" in printed and "shards reused from the cache 2 (0, 1)" in printed
+    assert "| shards reused from the cache | 2 (0, 1) |" in (tmp_path / "b" / "README.md").read_text()

@@ -102,6 +102,7 @@ class MultistepEnv(ABC):
     * ``reward_placement`` (``"last"`` | ``"spread"``): see
       :data:`hf_rollouts.rollout.REWARD_PLACEMENTS`.
     * ``system_prompt`` (str | None): overrides :meth:`_system_prompt`.
+    * ``max_reward`` (float | None): overrides :attr:`default_max_reward` (what counts as solved).
     * ``seed`` (int): seeds task generation (:meth:`get_train_dataset`).
     * ``step_timeout`` / ``episode_timeout`` (float >= 0 | None): override the run's time limits
       (read by the scheduler).
@@ -119,6 +120,10 @@ class MultistepEnv(ABC):
 
     name: ClassVar[str] = ""
     default_max_turns: ClassVar[int] = 10
+    default_max_reward: ClassVar[float | None] = None
+    """The env's highest final reward, when it has one: an episode whose final reward reaches it is *solved*, unless
+    the env says otherwise with ``info["solved"]`` (``env_config["max_reward"]`` overrides it; ``self.max_reward``).
+    ``None``: unknown (adapters of other ecosystems); then only ``info["solved"]`` says."""
     model_config_keys: ClassVar[tuple[str, ...]] = ()
     """``env_config`` keys whose values name a model to load or an endpoint to call. Task
     data may only use values the caller allows (``allowed_env_models``): like code, a
@@ -148,6 +153,9 @@ class MultistepEnv(ABC):
         self.max_turns: int = self.config.max_turns if self.config.max_turns is not None else self.default_max_turns
         self.max_episode_tokens: int | None = self.config.max_episode_tokens
         self.reward_placement: str = self.config.reward_placement
+        self.max_reward: float | None = (
+            self.config.max_reward if self.config.max_reward is not None else self.default_max_reward
+        )
         self.seed: int = self.config.seed
         self.toolbox, schemas = _declare_tools(type(self).__name__, self._tools())
         self.chat = ChatDelta(tokenizer, template_kwargs=self.config.chat_template_kwargs or {}, tools=schemas)

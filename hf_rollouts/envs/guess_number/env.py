@@ -41,6 +41,7 @@ class GuessState:
 class GuessNumberEnv(MultistepEnv):
     name = "guess_number"
     default_max_turns = 3
+    default_max_reward = 1.0  # the reward of finding the number
     config_class = GuessNumberConfig
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:

@@ -50,6 +50,7 @@ def hidden_f(state: HiddenState, x: int) -> int:
 class HiddenFunctionEnv(ToolEnv):
     name = "hidden_function"
     default_max_turns = 4
+    default_max_reward = 1.0  # the reward of the right answer
     config_class = HiddenFunctionConfig
     tools = (hidden_f,)
 

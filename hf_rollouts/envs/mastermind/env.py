@@ -61,6 +61,7 @@ class MastermindState:
 class MastermindEnv(MultistepEnv):
     name = "mastermind"
     default_max_turns = 10
+    default_max_reward = 1.0  # the reward of cracking the code (each step also says info['solved'])
     config_class = MastermindConfig
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
@@ -132,7 +133,7 @@ class MastermindEnv(MultistepEnv):
                 f"Invalid guess. Give exactly {self.code_length} digits, each from 1 to {self.num_symbols}, "
                 "separated by spaces. That cost a turn."
             )
-            return state, -self.invalid_penalty, False, {"valid": False}
+            return state, -self.invalid_penalty, False, {"valid": False, "solved": False}
         black, white = score_guess(state.code, guess)
         state.history.append((guess, black, white))
         if black == self.code_length:

@@ -230,7 +230,12 @@ class ReasoningGymEnv(MultistepEnv):
             raise TypeError(f"reasoning-gym {self.config.dataset}.score_answer returned {score!r}, not a finite number")
         score = float(score)
         state.attempts += 1
-        info = {"score": score, "answer": answer, "attempt": state.attempts}
+        info = {
+            "score": score,
+            "answer": answer,
+            "attempt": state.attempts,
+            "solved": score >= self.config.success_score,
+        }
         left = self.config.max_attempts - state.attempts
         if score >= self.config.success_score or left <= 0:
             state.done = True

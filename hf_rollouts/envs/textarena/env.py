@@ -200,6 +200,7 @@ class TextArenaEpisode:
 class TextArenaEnv(MultistepEnv):
     name = "textarena"
     default_max_turns = 100
+    default_max_reward = 1.0  # TextArena's reward of a won game
     config_class = TextArenaConfig
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:

@@ -155,10 +155,11 @@ class TwentyQuestionsEnv(MultistepEnv):
             if guess == state.solution:
                 state.found = True
                 state.last_message = f"Yes! It is {guess}. You found it."
-                return state, self.win_reward, True, {"kind": "guess", "guess": guess, "correct": True}
+                return state, self.win_reward, True, {"kind": "guess", "guess": guess, "correct": True, "solved": True}
             state.last_message = f"No, it is not {guess}. Ask another question."
-            return state, self.wrong_guess_reward, False, {"kind": "guess", "guess": guess, "correct": False}
+            info = {"kind": "guess", "guess": guess, "correct": False, "solved": False}
+            return state, self.wrong_guess_reward, False, info
         answer = self.gamemaster.answer(action, state.solution)
         state.questions.append((action, answer))
         state.last_message = answer
-        return state, self.question_reward, False, {"kind": "question", "answer": answer}
+        return state, self.question_reward, False, {"kind": "question", "answer": answer, "solved": False}
