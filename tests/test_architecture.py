@@ -226,10 +226,19 @@ class GlobalRandomEpisodes(RandomTasks):
         return state, float(random.random()), True, {}
 
 
+class RefusesItsOwnTasks(GlobalRandomEpisodes):
+    def _step_episode(self, session_id, state, action):
+        return state, 1.0, True, {}
+
+    def validate_task_data(self, task_data):
+        raise ValueError("no task is good enough")
+
+
 @pytest.mark.parametrize(
     "cls, message",
     [
         (StateOnSelf, "never on self"),
+        (RefusesItsOwnTasks, "validate_task_data refuses the task .* no task is good enough"),
         (SharedState, "same state object twice"),
         (PromptNotText, "must return the message text as a str"),
         (NanReward, "finite real number"),
