@@ -6,6 +6,11 @@ Works under ``accelerate launch``: every process generates its shard, the main
 process saves, pushes and prints. ``--executor ray`` expands the shards on Ray workers
 (:class:`~hf_rollouts.executors.ExecutorOptions`); the flag is not ``--backend``, which
 already names the local model's generation backend (``generate`` / ``continuous``).
+
+Errors: a user error (a bad flag value, an untrusted or unknown env, bad task rows, a missing extra or model
+folder, an unusable ``--output``) is one line, ``error: ...`` on stderr, saying what to fix, and exit code 2; a run
+that failed (every episode failed, an endpoint that cannot be reached, a lost Ray shard) is one ``error:`` line and
+exit code 1. ``--debug`` (anywhere on the command line) shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -19,15 +24,54 @@ from typing import Any
 from transformers import HfArgumentParser
 
 
+class UsageError(Exception):
+    """A mistake in the command line or its inputs: reported as one ``error:`` line, exit code 2."""
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that are the user's to fix (exit code 2): bad input the library refuses with a message that says
+    what to do. Imported when needed, so ``--help`` stays fast."""
+    from .agents.loading import ModelNotFoundError
+    from .envs.config import EnvConfigError
+    from .envs.task_data import TaskDataError
+    from .publish.save import OutputDirError
+    from .schema import TaskValidationError
+
+    # ImportError: a missing extra (import_optional, vLLM, the SmolLM2 wheel), whose message names the install
+    return (
+        UsageError,
+        TaskValidationError,
+        EnvConfigError,
+        TaskDataError,
+        OutputDirError,
+        ModelNotFoundError,
+        ImportError,
+    )
+
+
+def run_failures() -> tuple[type[BaseException], ...]:
+    """Exceptions that end a run that could not be done (exit code 1): a server that cannot be reached, a Ray shard
+    that keeps failing."""
+    from .agents.openai import OpenAIRequestError
+    from .executors import ShardFailedError
+
+    return (OpenAIRequestError, ShardFailedError)
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc``'s message on one line (whitespace runs, newlines included, become one space)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def _json_dict(text: str | None, flag: str) -> dict[str, Any]:
     if not text:
         return {}
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SystemExit(f"error: {flag} must be a JSON object, e.g. '{{\"max_turns\": 6}}' ({exc}).") from None
+        raise UsageError(f"{flag} must be a JSON object, e.g. '{{\"max_turns\": 6}}' ({exc}).") from None
     if not isinstance(value, dict):
-        raise SystemExit(f"error: {flag} must be a JSON object, got {value!r}.")
+        raise UsageError(f"{flag} must be a JSON object, got {value!r}.")
     return value
 
 
@@ -190,20 +234,30 @@ def _check_output(output: str, overwrite: bool) -> None:
     try:
         check_output_dir(output, overwrite=overwrite)
     except OutputDirError as exc:
-        raise SystemExit(f"error: --output: {exc}") from None
+        raise UsageError(f"--output: {exc}") from None
 
 
 def _make_tasks(
     env: str, split: str, num_tasks: int | None, env_config: str | None, allowed_env_modules: list[str] = ()
 ):
     from .envs import get_env_class
+    from .envs.config import EnvConfigError
     from .envs.registry import resolve_env_spec
     from .tiny_model import build_tokenizer
 
-    env, named = resolve_env_spec(env)  # e.g. textarena:Mastermind-v0, reasoning_gym:basic_arithmetic
-    config = {**named, **_json_dict(env_config, "--env-config")}
-    cls = get_env_class(env, allowed_env_modules)
-    instance = cls(build_tokenizer(), config)
+    spec = env
+    try:
+        env, named = resolve_env_spec(env)  # e.g. textarena:Mastermind-v0, reasoning_gym:basic_arithmetic
+        config = {**named, **_json_dict(env_config, "--env-config")}
+        cls = get_env_class(env, allowed_env_modules)
+    except KeyError as exc:  # an unknown short name: its message lists the known ones
+        raise UsageError(f"--env {spec}: {exc.args[0]}") from exc
+    except ValueError as exc:
+        raise UsageError(f"--env {spec}: {exc}") from exc
+    try:
+        instance = cls(build_tokenizer(), config)
+    except (EnvConfigError, ValueError, TypeError) as exc:  # a config or name the env refuses (says why)
+        raise UsageError(f"--env {spec}: {cls.__name__} refused env_config {config}: {exc}") from exc
     return instance.get_eval_dataset(num_tasks) if split == "eval" else instance.get_train_dataset(num_tasks)
 
 
@@ -255,7 +309,7 @@ def cmd_generate(argv: list[str]) -> int:
     )
     args, options, sampling, where = parser.parse_args_into_dataclasses(argv)
     if (args.env is None) == (args.tasks is None):
-        raise SystemExit("error: give exactly one of --env NAME or --tasks DIR_OR_HUB_ID.")
+        raise UsageError("give exactly one of --env NAME or --tasks DIR_OR_HUB_ID.")
     _check_output(args.output, args.overwrite)  # before any generation
     from dataclasses import asdict
 
@@ -269,39 +323,43 @@ def cmd_generate(argv: list[str]) -> int:
         if args.env
         else load_dataset_source(args.tasks)
     )
-    from .agents.vllm.settings import VLLMUnavailableError
-    from .smollm2 import SmolLM2NotInstalled
+    import warnings
 
-    try:
-        agent = _load_agent(args, sampling, options)
-    except (ValueError, TypeError) as exc:  # settings the agent refuses (e.g. processed log-probs with top_p < 1)
-        raise SystemExit(f"error: {exc}") from None
-    except VLLMUnavailableError as exc:  # --model vllm:... in a Python without vLLM: say how to set it up
-        raise SystemExit(f"error: {exc}") from None
-    except SmolLM2NotInstalled as exc:  # --model smollm2 without its wheel: the message names the pip command
-        raise SystemExit(f"error: {exc}") from None
-    run = asdict(options)
-    num_rollouts = run.pop("num_rollouts")
-    from .agents.openai import OpenAIRequestError
-    from .envs.registry import spec_trust
-    from .executors import ShardFailedError
+    from .agents.loading import ModelNotFoundError
+    from .envs.config import UnknownConfigKeyWarning
+    from .envs.registry import spec_trust, validate_tasks
+    from .schema import as_task_dataset
 
     # what the user named in --env (openenv:URL, verifiers:ID) is allowed, as if given with --allow-env-*
     modules, models = spec_trust(args.env, args.allow_env_module) if args.env else ([], [])
+    allowed_modules, allowed_models = [*args.allow_env_module, *modules], [*args.allow_env_model, *models]
+    with warnings.catch_warnings():  # the rows' trust and configs, before a model loads (generate_rollouts warns)
+        warnings.simplefilter("ignore", UnknownConfigKeyWarning)
+        validate_tasks(as_task_dataset(tasks), allowed_modules, allowed_models)
     try:
-        ds = generate_rollouts(
-            tasks,
-            agent,
-            num_rollouts,
-            allowed_env_modules=[*args.allow_env_module, *modules],
-            allowed_env_models=[*args.allow_env_model, *models],
-            cache_dir=args.cache_dir,
-            chat_template_kwargs=_json_dict(args.chat_template_kwargs, "--chat-template-kwargs"),
-            **run,
-            **asdict(where),
-        )
-    except (OpenAIRequestError, ShardFailedError) as exc:  # e.g. a server that cannot be reached; a lost Ray shard
-        raise SystemExit(f"error: {exc}") from None
+        agent = _load_agent(args, sampling, options)
+    except (ValueError, TypeError) as exc:  # settings the agent refuses (e.g. processed log-probs with top_p < 1)
+        raise UsageError(str(exc)) from exc
+    except ModelNotFoundError:  # a --model folder that does not exist: the message says so
+        raise
+    except OSError as exc:  # a model that cannot be found or read (offline, no such Hub id, no config.json)
+        raise UsageError(f"--model {args.model}: cannot load it: {exc}") from exc
+    run = asdict(options)
+    num_rollouts = run.pop("num_rollouts")
+    from .executors import make_executor
+
+    executor = make_executor(where)  # built here so that its report can be printed and put in the card
+    ds = generate_rollouts(
+        tasks,
+        agent,
+        num_rollouts,
+        allowed_env_modules=allowed_modules,
+        allowed_env_models=allowed_models,
+        cache_dir=args.cache_dir,
+        chat_template_kwargs=_json_dict(args.chat_template_kwargs, "--chat-template-kwargs"),
+        executor=executor,
+        **run,
+    )
     state = process_state()
     if not state.is_main_process:
         return 0
@@ -312,6 +370,7 @@ def cmd_generate(argv: list[str]) -> int:
         agent_info=info,
         seed=options.seed,
         run_options=asdict(options),
+        executor_report=executor.report,
         pad_token_id=agent.tokenizer.pad_token_id,
         load_path=args.push_to_hub or str(Path(args.output).resolve()),
     )
@@ -322,6 +381,8 @@ def cmd_generate(argv: list[str]) -> int:
         f"\nwrote {len(ds)} tasks x {num_rollouts} rollouts to {args.output} (card: {Path(args.output) / 'README.md'})"
     )
     for key, value in stats.table():
+        print(f"  {key:<22} {value}")
+    for key, value in executor.report.rows():
         print(f"  {key:<22} {value}")
     if isinstance(getattr(agent, "stats", None), dict):  # an endpoint agent's request counters
         mode = info.get("mode")
@@ -351,16 +412,14 @@ def cmd_inspect(argv: list[str]) -> int:
 
     root = Path(ns.path)
     if not (root / "state.json").is_file():
-        raise SystemExit(
-            f"error: {root} is not a rollout dataset directory (no state.json); point at `generate --output`."
-        )
+        raise UsageError(f"{root} is not a rollout dataset directory (no state.json); point at `generate --output`.")
     ds = load_from_disk(str(root))
     if not 0 <= args.row < len(ds):
-        raise SystemExit(f"error: --row {args.row} is out of range; the dataset has {len(ds)} rows.")
+        raise UsageError(f"--row {args.row} is out of range; the dataset has {len(ds)} rows.")
     row = ds[args.row]
     if not 0 <= args.rollout < len(row["final_rewards"]):
-        raise SystemExit(
-            f"error: --rollout {args.rollout} is out of range; row {args.row} has {len(row['final_rewards'])} rollouts."
+        raise UsageError(
+            f"--rollout {args.rollout} is out of range; row {args.row} has {len(row['final_rewards'])} rollouts."
         )
     tok_path = args.tokenizer or (str(root / "tokenizer") if (root / "tokenizer").is_dir() else None)
     tokenizer = AutoTokenizer.from_pretrained(tok_path) if tok_path else None
@@ -385,7 +444,13 @@ def cmd_check_template(argv: list[str]) -> int:
     else:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(ns.model, trust_remote_code=args.trust_remote_code)
+        from .agents.loading import check_local_model
+
+        check_local_model(ns.model)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(ns.model, trust_remote_code=args.trust_remote_code)
+        except OSError as exc:  # no such Hub id offline, no tokenizer files
+            raise UsageError(f"{ns.model}: cannot load its tokenizer: {exc}") from exc
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
     report = check_chat_template(tokenizer, **_json_dict(args.chat_template_kwargs, "--chat-template-kwargs"))
@@ -402,11 +467,14 @@ USAGE = """usage: hf-rollouts {tasks,generate,inspect,check-template} [options]
   inspect         print a rollout dataset's statistics and one trajectory
   check-template  check a model's chat template against hf_rollouts' delta rendering (exit 1 on a defect)
 
-Run `hf-rollouts COMMAND --help` for a command's options."""
+Run `hf-rollouts COMMAND --help` for a command's options. Errors are one `error:` line (exit code 2: fix the command
+or its input; 1: the run failed); add --debug (anywhere) for the traceback."""
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
@@ -414,7 +482,14 @@ def main(argv: list[str] | None = None) -> int:
     if command is None:
         print(f"error: unknown command {argv[0]!r}.\n{USAGE}", file=sys.stderr)
         return 2
-    return command(argv[1:])
+    try:
+        return command(argv[1:])
+    except Exception as exc:
+        code = 2 if isinstance(exc, user_errors()) else 1 if isinstance(exc, run_failures()) else None
+        if debug or code is None:  # a bug, or asked for: the traceback
+            raise
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

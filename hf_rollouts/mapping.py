@@ -49,12 +49,12 @@ from .fingerprint import canonical, tokenizer_fingerprint
 from .pipeline import (
     RolloutOptions,
     _EnvCache,
-    build_envs,
     merge_chat_template_kwargs,
     play_rows,
+    prepare_rows,
     rollout_columns,
 )
-from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError
+from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_stored
 
 _MAP_ONLY = ("batch_size", "shard_size")
 """RolloutOptions fields that belong to generate_rollouts' own shards, not to a map function."""
@@ -178,7 +178,7 @@ class RolloutMap:
             if self.chat_template_kwargs:
                 validate_rows = {**rows, "env_config": [self._merge(c) for c in rows["env_config"]]}
             self._envs.classes.update(validate_tasks(tasks, self.allowed_env_modules, self.allowed_env_models))
-            build_envs(self._envs, validate_rows)
+            prepare_rows(self._envs, validate_rows)
         return Features({**base, **ROLLOUT_FEATURES})
 
     def __call__(self, batch: Any, indices: Any = None) -> dict[str, list]:
@@ -199,9 +199,9 @@ class RolloutMap:
         if not indices:
             return {name: [] for name in ROLLOUT_FEATURES}
         self._validate(rows, indices[0])
-        build_envs(self._envs, rows, first_row=indices[0])
+        prepare_rows(self._envs, rows, first_row=indices[0])
         groups = play_rows(rows, indices, self._envs, self.agent, self.opts, max_concurrency=self.opts.max_concurrency)
-        out = rollout_columns(groups, self.tokenizer.pad_token_id)
+        out = as_stored(rollout_columns(groups, self.tokenizer.pad_token_id))  # as Dataset.map would store them
         if self.chat_template_kwargs:
             out["env_config"] = rows["env_config"]
         return out

@@ -72,7 +72,7 @@ from .envs.registry import validate_task_rows, validate_tasks
 from .executors import Executor, ExecutorOptions, ShardFailedError, ShardPlan, make_executor, plan_shards
 from .fingerprint import canonical, rollout_fingerprint, tokenizer_fingerprint
 from .rollout import DEFAULT_ENV_WORKERS, apply_group_rewards, episode_jobs, pad_task, run_episodes
-from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_task_dataset, complete_structs
+from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_task_dataset
 from .seeding import derive_seed
 from .shard_cache import ShardCacheError, ShardFile
 
@@ -219,7 +219,7 @@ def rollout_columns(groups: list[list[dict[str, Any]]], pad_token_id: int) -> di
         group = pad_task(episodes, pad_token_id)
         for key in ROLLOUT_FEATURES:
             out[key].append(group[key])
-    return complete_structs(out)
+    return out
 
 
 class _Expander:
@@ -340,8 +340,9 @@ def generate_rollouts(
 
     Raises:
         TaskValidationError: for a malformed row, a bad ``env_config`` value (row and key
-            named), an untrusted/unknown env class or a task column named like a rollout
-            column, before any generation (``on_error`` does not apply to bad input).
+            named), ``task_data`` its env refuses (``validate_task_data``; row and key named), an
+            untrusted/unknown env class or a task column named like a rollout column, before any
+            generation (``on_error`` does not apply to bad input).
         ShardCacheError: when a shard file written by another process does not check out.
         ShardFailedError: (Ray) when a shard keeps losing its worker, or its work raised on a worker.
     """
@@ -369,7 +370,7 @@ def generate_rollouts(
     classes = validate_tasks(tasks, allowed_env_modules, allowed_env_models)
     envs = _EnvCache(classes, tokenizer)
     rows = tasks.select_columns(list(TASK_COLUMNS))[:]  # the columns the envs read, decoded once
-    build_envs(envs, rows)
+    prepare_rows(envs, rows)
 
     fingerprint = rollout_fingerprint(tasks, agent, tokenizer, opts, envs.fingerprints())
     cache = Path(cache_dir) if cache_dir is not None else default_rollout_cache_dir()
@@ -423,15 +424,27 @@ class TaskToolTemplateError(TaskValidationError, ToolTemplateError):
     :class:`~hf_rollouts.chat.ToolTemplateError` (``except ToolTemplateError`` catches it, as the README says)."""
 
 
-def build_envs(envs: _EnvCache, rows: dict[str, list], first_row: int = 0) -> None:
-    """Build every env the rows name, up front: a config an env rejects fails before generation, naming the row
-    (a :class:`TaskValidationError`; :class:`TaskToolTemplateError` when the chat template refuses tool turns)."""
-    for i, (path, config) in enumerate(zip(rows["env_class_path"], rows["env_config"]), start=first_row):
+def prepare_rows(envs: _EnvCache, rows: dict[str, list], first_row: int = 0) -> None:
+    """Build every env the rows name and check every row's ``task_data`` with its env's
+    :meth:`~hf_rollouts.envs.base.MultistepEnv.validate_task_data`, up front: a config an env rejects, or task data
+    it refuses, fails before any generation with a :class:`TaskValidationError` naming the row and the field
+    (:class:`TaskToolTemplateError` when the chat template refuses tool turns)."""
+    for i, (path, config, task) in enumerate(
+        zip(rows["env_class_path"], rows["env_config"], rows["task_data"]), start=first_row
+    ):
         try:
-            envs.get(path, config)
+            env = envs.get(path, config)
         except Exception as exc:
             error = TaskToolTemplateError if isinstance(exc, ToolTemplateError) else TaskValidationError
             raise error(f"row {i}, field 'env_config': {path} rejected {config!r}: {exc}") from exc
+        if getattr(env.validate_task_data, "default_hook", False):
+            continue
+        try:
+            env.validate_task_data(task)
+        except Exception as exc:
+            key = getattr(exc, "key", None)
+            where = f"row {i}, field 'task_data'" + (f", key {key!r}" if key is not None else "")
+            raise TaskValidationError(f"{where} ({type(env).__name__}): {exc}") from exc
 
 
 def _rollout_table(
@@ -560,7 +573,7 @@ class _RemoteRolloutWork:
             warnings.simplefilter("ignore", UnknownConfigKeyWarning)
             classes = validate_task_rows(self.rows, self.allowed_env_modules, self.allowed_env_models)
         envs = _EnvCache(classes, self.tokenizer)
-        build_envs(envs, self.rows)
+        prepare_rows(envs, self.rows)
         found = _identity(agent, self.tokenizer, envs)
         differ = [key for key in self.identity if canonical(found[key]) != canonical(self.identity[key])]
         if differ:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Union
 
+import pyarrow as pa
 from datasets import Dataset, DatasetDict, Features, Json, List, Value, concatenate_datasets
 
 TASK_COLUMNS = ("env_class_path", "env_config", "task_data")
@@ -151,6 +152,14 @@ ROLLOUT_COLUMNS: tuple[Column, ...] = (
         "[rollout] agent turns cut by the token budget before an end-of-turn token",
     ),
     Column("statuses", "status", Value("string"), None, "[rollout] `done`, `truncated` or `error`", True),
+    Column(
+        "solved",
+        "solved",
+        Value("bool"),
+        None,
+        "[rollout] the task was solved: the env's `info['solved']`, else the final reward reached the env's "
+        "`max_reward`; null when the env declares neither; false for `error`",
+    ),
     Column("errors", "error", Value("string"), None, "[rollout] the error message of an `error` rollout"),
     Column("conversations", "messages", List(MESSAGE), None, "[rollout] the readable chat of the episode"),
     Column(
@@ -184,22 +193,17 @@ whose agent gave no log-probabilities (NaN marks agent tokens of single turns wi
 them). ``final_rewards`` is NaN for ``status == "error"``."""
 
 
-def _has_struct(feature: Any) -> bool:
-    if isinstance(feature, dict):
-        return True
-    inner = getattr(feature, "feature", None)
-    return inner is not None and _has_struct(inner)
+_ARROW = ROLLOUT_FEATURES.arrow_schema
 
 
-_STRUCT_FEATURES = Features({name: f for name, f in ROLLOUT_FEATURES.items() if _has_struct(f)})
-
-
-def complete_structs(columns: dict[str, list]) -> dict[str, list]:
-    """``columns`` with every struct (a conversation message, a tool call record) carrying all of its declared keys
-    (``None`` where absent), as Arrow gives them back: a streaming ``IterableDataset.map`` hands the map function's
-    dicts on as they are, and its rows must equal the stored ones."""
-    present = {name: columns[name] for name in _STRUCT_FEATURES if name in columns}
-    return {**columns, **Features({n: _STRUCT_FEATURES[n] for n in present}).encode_batch(present)}
+def as_stored(columns: dict[str, list]) -> dict[str, list]:
+    """Rollout ``columns`` (a batch, ``{name: [value per row]}``) exactly as a dataset stores and gives them back:
+    encoded with the declared Arrow types (:data:`ROLLOUT_FEATURES`: float32 rewards and log-probs, every struct key
+    of a message or a tool call record) and decoded again. A streaming ``IterableDataset.map`` hands a map
+    function's values on as they are (``features=`` does not cast them), so its rows equal the stored ones only
+    through this (a reward 0.72 is stored as 0.7200000286102295)."""
+    table = pa.Table.from_pydict(columns, schema=pa.schema([_ARROW.field(name) for name in columns]))
+    return table.to_pydict()
 
 
 COLUMN_HELP = {**TASK_COLUMN_HELP, **{c.name: c.help for c in ROLLOUT_COLUMNS}}

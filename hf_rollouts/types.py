@@ -223,6 +223,10 @@ class Episode:
     num_tool_errors: int = 0
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     """One record per tool call: ``{"turn", "name", "arguments", "status", "seconds"}``."""
+    solved: bool | None = None
+    """Whether the task was solved, as the env says it (``info["solved"]`` of its last step that said): ``None``
+    when it did not (then :func:`hf_rollouts.rollout.group.settle_solved` compares the final reward with the env's
+    ``max_reward``); ``False`` for an ``error`` episode."""
     env_state: Any = field(default=None, repr=False, compare=False)
     """The env's state object at the end of a ``done``/``truncated`` episode, kept only until the task's group
     rewards are computed (:mod:`hf_rollouts.rollout.group`); never stored in a dataset."""
@@ -248,6 +252,7 @@ class Episode:
         for m, r in zip(self.agent_token_mask, self.per_token_rewards):
             assert m == 1 or r == 0.0, "reward on a non-agent token"
         assert self.status in EPISODE_STATUSES, f"unknown status {self.status!r}"
+        assert self.solved is None or isinstance(self.solved, bool), f"solved is {self.solved!r}, not a bool"
         assert (self.status == "error") == (self.error is not None), "status 'error' iff an error message"
         problem = reward_rule_violation(self.status, self.final_reward, self.per_token_rewards)
         assert problem is None, problem

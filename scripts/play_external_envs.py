@@ -107,7 +107,7 @@ def main() -> None:
             )
 
         play("skyrl:text2sql", t.tasks_for("text2sql", sql_rows, {"skyrl_env_config": {"db_path": str(db)}}),
-             sql_solver, allowed_env_modules=["skyrl_gym.envs.text2sql"])  # fmt: skip
+             sql_solver, allowed_env_modules=["skyrl_gym.envs.sql"])  # fmt: skip
         tests = json.dumps([{"input": "3\n", "output": "6\n", "testtype": "stdin"}])
         lcb = [{"prompt": [{"role": "user", "content": "Read n, print 2n."}], "reward_spec": {"ground_truth": tests}}]
         play("skyrl:lcb", t.tasks_for("lcb", lcb * min(args.tasks, 2)),

@@ -54,13 +54,23 @@ def shortest_correct(completions, answers, **kwargs) -> list[float]:
     return [0.5 if i == best else 0.0 for i in range(len(texts))]
 
 
+CLEANED: list[str] = []
+"""The answer of every rollout verifiers' cleanup ran for (``multi``), in order."""
+
+
 class GuessEnv(vf.MultiTurnEnv):
     async def setup_state(self, state, **kwargs):
         state["guesses"] = 0
         return state
 
+    @vf.cleanup
+    async def count_cleanup(self, state):
+        CLEANED.append(state["answer"])
+
     async def env_response(self, messages, state, **kwargs):
         guess = _number(_completion_text(messages))
+        if guess == "99":
+            raise RuntimeError("env_response broke")
         state["guesses"] += 1
         target = int(state["answer"])
         if guess is None:

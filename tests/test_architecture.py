@@ -7,6 +7,7 @@ import ast
 import math
 import pathlib
 import random
+import subprocess
 from dataclasses import dataclass
 
 import pytest
@@ -97,6 +98,19 @@ def test_every_rollout_column_is_declared_once():
             if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)) and items:
                 spelled = [i.value for i in items if isinstance(i, ast.Constant) and i.value in names]
                 assert len(spelled) < 3, f"{path}:{node.lineno} restates rollout columns {spelled}"
+
+
+def test_no_tracked_file_is_ignored():
+    """What .gitignore lists (build outputs, the tiny model's cache) is never committed: nothing reads it from the
+    repository, and a committed copy goes stale."""
+    root = PACKAGE.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--ignored", "--exclude-standard"], cwd=root, capture_output=True, text=True
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split() == [], f"tracked files that .gitignore lists (git rm --cached them): {listed.stdout}"
 
 
 # -- environments with only the specification's hooks -------------------------------------------
@@ -212,10 +226,19 @@ class GlobalRandomEpisodes(RandomTasks):
         return state, float(random.random()), True, {}
 
 
+class RefusesItsOwnTasks(GlobalRandomEpisodes):
+    def _step_episode(self, session_id, state, action):
+        return state, 1.0, True, {}
+
+    def validate_task_data(self, task_data):
+        raise ValueError("no task is good enough")
+
+
 @pytest.mark.parametrize(
     "cls, message",
     [
         (StateOnSelf, "never on self"),
+        (RefusesItsOwnTasks, "validate_task_data refuses the task .* no task is good enough"),
         (SharedState, "same state object twice"),
         (PromptNotText, "must return the message text as a str"),
         (NanReward, "finite real number"),

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import yaml
 from datasets import load_from_disk
 
-from hf_rollouts import ScriptedAgent
+from hf_rollouts import MultistepEnv, ScriptedAgent
 from hf_rollouts.cli import main
 from hf_rollouts.envs.mastermind import MastermindEnv
 from hf_rollouts.pipeline import generate_rollouts
 from hf_rollouts.publish import compute_stats, render_card
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_card_contents(tokenizer, tmp_path):
@@ -42,7 +51,7 @@ def test_card_contents(tokenizer, tmp_path):
     assert "| model | `scripted` |" in text and "| seed | `5` |" in text and "| num_rollouts | `2` |" in text
     for column in ds.column_names:
         assert f"`{column}`" in text
-    assert "| solve rate (pass@1) | 0.5000 |" in text and "| pass@2 | 0.5000 |" in text
+    assert "| solve rate (pass@1) | 0.5000 (2 of 4 rollouts) |" in text and "| pass@2 | 0.5000 |" in text
     assert "done 2, truncated 1, error 1" in text
     assert "| turns cut by the token budget | 0 |" in text and "`num_cut_turns`" in text
     assert 'load_rollouts("user/rollouts"' in text and 'load_dataset("user/rollouts"' in text
@@ -147,29 +156,24 @@ def test_cli_tasks_generate_inspect(tmp_path, capsys):
     assert ds[1]["conversations"][1][0]["content"][:40] in shown  # the env's opening message, decoded
 
 
+def one_error_line(capsys) -> str:
+    """The CLI's stderr: exactly one ``error:`` line, no traceback (progress bars of work done before, such as
+    loading the model, aside)."""
+    lines = [line for line in capsys.readouterr().err.strip().splitlines() if "%|" not in line]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
 def test_cli_generate_from_env_and_errors(tmp_path, capsys):
-    with pytest.raises(SystemExit, match="exactly one of --env"):
-        main(["generate", "--output", str(tmp_path / "x")])
-    with pytest.raises(SystemExit, match="JSON object"):
-        main(["generate", "--env", "mastermind", "--env-config", "{oops", "--output", str(tmp_path / "x")])
-    with pytest.raises(SystemExit, match="out of range"):
-        main(
-            [
-                "generate",
-                "--env",
-                "guess_number",
-                "--num-tasks",
-                "2",
-                "--num-rollouts",
-                "1",
-                "--max-new-tokens",
-                "4",
-                "--output",
-                str(tmp_path / "g"),
-                "--cache-dir",
-                str(tmp_path / "c"),
-            ]
-        ) or main(["inspect", str(tmp_path / "g"), "--row", "5"])
+    assert main(["generate", "--output", str(tmp_path / "x")]) == 2
+    assert "exactly one of --env" in one_error_line(capsys)
+    assert main(["generate", "--env", "mastermind", "--env-config", "{oops", "--output", str(tmp_path / "x")]) == 2
+    assert "JSON object" in one_error_line(capsys)
+    generate = ["generate", "--env", "guess_number", "--num-tasks", "2", "--num-rollouts", "1", "--max-new-tokens", "4"]
+    assert main([*generate, "--output", str(tmp_path / "g"), "--cache-dir", str(tmp_path / "c")]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "g"), "--row", "5"]) == 2
+    assert "out of range" in one_error_line(capsys)
     assert main([]) == 2 and "usage: hf-rollouts" in capsys.readouterr().out
 
 
@@ -210,3 +214,123 @@ def test_inspect_reports_retokenized_agent_text(tokenizer):
     shown = format_trajectory(row, 0, tokenizer)
     n = sum(out["padded_agent_token_mask"][0])
     assert f"re-tokenized from text (no sampled ids reported): {n}" in shown and "{+1}" in shown
+
+
+def _bad_recipe_tasks(tmp_path) -> str:
+    from hf_rollouts.schema import to_task_dataset
+
+    row = {"env_class_path": "hf_rollouts.envs.reasoning_gym.ReasoningGymEnv",
+           "env_config": {"dataset": "basic_arithmetic"}, "task_data": {"seed": 3, "size": 2, "index": 0}}  # fmt: skip
+    to_task_dataset([row, {**row, "task_data": {"size": 2, "index": 1}}]).save_to_disk(str(tmp_path / "tasks"))
+    return str(tmp_path / "tasks")
+
+
+MISSING = r"the folder '/tmp/no-such-dir' does not exist"
+USER_ERRORS = [
+    (["generate", "--env", "mypkg.envs.X", "--allow-env-module", "other"],
+     r"outside the modules trusted and allowed here \['hf_rollouts.envs', 'other'\].*--allow-env-module mypkg"),
+    (["tasks", "--env", "reasoning_gym:basic_arithmetics"],
+     r"not a reasoning-gym dataset\. Did you mean \['basic_arithmetic'"),
+    (["tasks", "--env", "verifiers:vf-wordle"], r'pip install "hf_rollouts\[verifiers\]"'),
+    (["generate", "--env", "guess_number", "--model", "/tmp/no-such-dir"], MISSING),
+    (["generate", "--env", "guess_number", "--model", "vllm:/tmp/no-such-dir"], MISSING),
+    (["generate", "--tasks", _bad_recipe_tasks, "--num-rollouts", "1"], r"row 1, field 'task_data', key 'seed'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args, message", USER_ERRORS)
+def test_user_errors_are_one_line_with_the_fix_and_exit_code_2(args, message, tmp_path, capsys):
+    """What a user got wrong is one ``error:`` line saying what to do, exit code 2; --debug shows the traceback."""
+    if "verifiers:vf-wordle" in args and importlib.util.find_spec("verifiers") is not None:
+        pytest.skip("verifiers is installed here: no missing extra to report")
+    args = [a(tmp_path) if callable(a) else a for a in args]
+    capsys.readouterr()
+    argv = [*args, "--output", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")]
+    if args[0] == "tasks":
+        argv.remove("--cache-dir"), argv.remove(str(tmp_path / "cache"))
+    assert main(argv) == 2
+    assert re.search(message, one_error_line(capsys)), message
+    assert not (tmp_path / "cache").exists()  # nothing was generated
+    with pytest.raises(Exception, match=message):  # --debug: the exception itself, with its traceback
+        main([*argv, "--debug"])
+
+
+def test_the_installed_entry_point_prints_one_line(tmp_path):
+    """The real process: nothing but the one line on stderr (no traceback, no log noise), exit code 2."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "hf_rollouts.cli", "generate", "--env", "guess_number", "--model", "/tmp/no-such-dir",
+           "--output", str(tmp_path / "out")]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.splitlines() == [run.stderr.strip()] and run.stderr.startswith("error: model '/tmp/no-such-dir'")
+
+
+class Shaped(MultistepEnv):
+    """Asks for the word in its task; a shaped reward: 1.0 (its max_reward) for "exact", 0.73 for anything else."""
+
+    default_max_reward = 1.0
+
+    def _initialize_episode(self, session_id, task_data):
+        return dict(task_data)
+
+    def _format_prompt(self, state, step):
+        return state["say"]
+
+    def _step_episode(self, session_id, state, action):
+        return state, (1.0 if action == "exact" else 0.73), True, {}
+
+
+class SaysSolved(Shaped):
+    """No max_reward; it says itself what solved is."""
+
+    default_max_reward = None
+
+    def _step_episode(self, session_id, state, action):
+        return state, 0.5, True, {"solved": action == "exact"}
+
+
+class Silent(Shaped):
+    default_max_reward = None
+
+
+def _solved_run(cls, words, tokenizer, tmp_path, config=None):
+    """Two rollouts of one task per word; the agent says the word its task asks for."""
+    path = f"{__name__}.{cls.__name__}"
+    rows = [{"env_class_path": path, "env_config": config or {}, "task_data": {"say": w}} for w in words]
+    agent = ScriptedAgent(lambda messages: messages[-1]["content"])
+    return generate_rollouts(rows, agent, 2, tokenizer=tokenizer, cache_dir=tmp_path / cls.__name__, progress=False,
+                             allowed_env_modules=[__name__])  # fmt: skip
+
+
+def test_solved_is_the_envs_to_say_and_the_card_says_what_it_counts(tokenizer, tmp_path):
+    """A shaped reward (0.73 of 1.0) is not solved; info["solved"] decides where the env gives it; an env that
+    declares neither has no solve rate (n/a), never a guess."""
+    close = _solved_run(Shaped, ["close", "close"], tokenizer, tmp_path / "a")
+    assert compute_stats(close).solve_rate == 0.0 and compute_stats(close).mean_final_reward == pytest.approx(0.73)
+    shaped = _solved_run(Shaped, ["close", "exact"], tokenizer, tmp_path / "b")
+    assert shaped["solved"] == [[False, False], [True, True]] and compute_stats(shaped).solve_rate == 0.5
+    lowered = _solved_run(Shaped, ["close"], tokenizer, tmp_path / "c", {"max_reward": 0.7})  # env_config wins
+    assert lowered["solved"] == [[True, True]]
+    says = _solved_run(SaysSolved, ["exact", "close"], tokenizer, tmp_path / "d")
+    assert says["solved"] == [[True, True], [False, False]] and compute_stats(says).pass_at_k == 0.5
+    silent = _solved_run(Silent, ["exact"], tokenizer, tmp_path / "e")
+    assert silent["solved"] == [[None, None]] and compute_stats(silent).judged == 0
+    text = str(render_card(shaped, agent_info={"model": "scripted"}, seed=0, pad_token_id=0))
+    assert "| solve rate (pass@1) | 0.5000 (2 of 4 rollouts) |" in text
+    assert "`Shaped`: its `info['solved']` where it says, else final reward >= 1." in text
+    table = dict(compute_stats(silent).table())
+    assert table["solve rate (pass@1)"].startswith("n/a") and table["pass@2"] == "n/a"
+
+
+def test_the_executor_report_is_printed_and_kept_in_the_card(tmp_path, capsys):
+    args = ["generate", "--env", "guess_number", "--num-tasks", "4", "--num-rollouts", "1", "--max-new-tokens", "4",
+            "--shard-size", "2", "--cache-dir", str(tmp_path / "c")]  # fmt: skip
+    assert main([*args, "--output", str(tmp_path / "a")]) == 0
+    printed = capsys.readouterr().out
+    assert "executor               local" in printed and "shards run             2 of 2 (0, 1)" in printed
+    card = (tmp_path / "a" / "README.md").read_text()
+    assert "## How the run went" in card and "| shards run | 2 of 2 (0, 1) |" in card
+    assert main([*args, "--output", str(tmp_path / "b")]) == 0  # the same run again: served from the cache
+    printed = capsys.readouterr().out
+    assert "shards run             0 of 2" in printed and "shards reused from the cache 2 (0, 1)" in printed
+    assert "| shards reused from the cache | 2 (0, 1) |" in (tmp_path / "b" / "README.md").read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import threading
@@ -257,3 +258,100 @@ def test_a_reused_driver_follows_the_callers_torch_thread_count(tokenizer):
     finally:
         torch.set_num_threads(before)
     assert seen == [1, 2, 1]
+
+
+class Holds(MultistepEnv):
+    """Each episode holds a resource (``open``) until ``_close_episode``; the task's ``end`` says how it ends."""
+
+    release = threading.Event()
+
+    def __init__(self, tokenizer, env_config=None):
+        super().__init__(tokenizer, env_config)
+        self.open, self.closed, self.lock = set(), [], threading.Lock()
+
+    def _initialize_episode(self, session_id, task_data):
+        if task_data["end"] == "init":
+            raise RuntimeError("init broke")
+        with self.lock:
+            self.open.add(session_id)
+        return dict(task_data, sid=session_id)
+
+    def _format_prompt(self, state, step):
+        return "Say something."
+
+    def _step_episode(self, session_id, state, action):
+        end = state["end"]
+        if end == "step":
+            raise RuntimeError("step broke")
+        if end == "hang":
+            self.release.wait()
+        if end == "cut":
+            return state, 0.0, False, {}
+        return state, (math.nan if end == "reward" else 1.0), True, {}
+
+    def _calculate_reward(self, state, step_rewards):
+        if state["end"] == "final":
+            raise ValueError("final broke")
+        return sum(step_rewards)
+
+    def _close_episode(self, session_id, state):
+        with self.lock:
+            self.open.discard(state["sid"])
+            self.closed.append(state["sid"])
+        if state["end"] == "close":
+            raise OSError("close broke")
+
+
+class AsyncHolds(Holds):
+    async def _step_episode(self, session_id, state, action):
+        if state["end"] == "hang":
+            await asyncio.sleep(3600)  # cancelled by step_timeout
+        return Holds._step_episode(self, session_id, state, action)
+
+    async def _close_episode(self, session_id, state):
+        await asyncio.sleep(0)
+        return Holds._close_episode(self, session_id, state)
+
+
+ENDINGS = {
+    "ok": ("done", None),
+    "cut": ("truncated", None),  # our max_turns
+    "step": ("error", "step broke"),
+    "reward": ("error", "the step reward"),
+    "final": ("error", "final broke"),
+    "hang": ("error", "step_timeout: _step_episode ran over 0.5 s"),
+    "close": ("done", None),  # becomes error: the close failed
+    "init": ("error", "init broke"),
+}
+
+
+@pytest.mark.parametrize("cls", [Holds, AsyncHolds])
+def test_every_ending_releases_the_episode_once(cls, tokenizer):
+    """_close_episode runs once for every episode whose state exists, whatever ended it, and (except for a sync hook
+    the watchdog abandoned) before the run returns; a failing close makes the episode an error."""
+    cls.release = threading.Event()
+    env = cls(tokenizer, {"max_turns": 2, "step_timeout": 0.5})
+    jobs = episode_jobs(env, [{"end": end} for end in ENDINGS], 2)
+    try:
+        episodes = run_episodes(jobs, ScriptedAgent(["hi"]), max_concurrency=3)
+        if cls is AsyncHolds:
+            assert env.open == set()  # every close was awaited before its episode finished
+    finally:
+        cls.release.set()
+    deadline = time.monotonic() + 30
+    while env.open and time.monotonic() < deadline:  # the abandoned sync hook returns, then its episode is closed
+        time.sleep(0.01)
+    started = [j.session_id for j in jobs if j.task_data["end"] != "init"]
+    assert env.open == set() and sorted(env.closed) == sorted(started)  # each exactly once; a failed init none
+    for job, ep in zip(jobs, episodes):
+        status, message = ENDINGS[job.task_data["end"]]
+        if job.task_data["end"] == "close":
+            status, message = "error", "_close_episode failed: OSError: close broke"
+        assert ep["status"] == status and (message is None or message in ep["error"]), (job.task_data, ep["error"])
+
+
+def test_on_error_raise_still_releases(tokenizer):
+    env = Holds(tokenizer, {"max_turns": 2})
+    with pytest.raises(RuntimeError, match="step broke"):
+        env._run_complete_episode("s", ScriptedAgent(["hi"]), {"end": "step"}, on_error="raise")
+    assert env.closed == ["s"] and env.open == set()

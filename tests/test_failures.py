@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -317,6 +318,44 @@ def test_a_shard_that_breaks_after_generation_is_a_clear_error_naming_it(tokeniz
         shard.load()
 
 
+# -- task data, checked by each env before any episode ---------------------------------------------
+RG = "hf_rollouts.envs.reasoning_gym.ReasoningGymEnv"
+SKY = "hf_rollouts.envs.skyrl.SkyRLGymEnv"
+MASTERMIND = "hf_rollouts.envs.mastermind.MastermindEnv"
+GSM8K_ROW = {"prompt": [{"role": "user", "content": "1 + 1?"}], "extras": {"reward_spec": {"ground_truth": "2"}}}
+BAD_TASK_DATA = [
+    ("reasoning_gym", RG, {"dataset": "basic_arithmetic"}, {"seed": 1, "size": 3, "index": 0},
+     {"size": 3, "index": 0}, "row 2, field 'task_data', key 'seed'.*needs 'seed'"),
+    ("reasoning_gym", RG, {"dataset": "basic_arithmetic"}, {"seed": 1, "size": 3, "index": 0},
+     {"seed": "7", "size": 3, "index": 0}, "row 2, field 'task_data', key 'seed'.*must be an int, got str"),
+    ("reasoning_gym", RG, {"dataset": "basic_arithmetic"}, {"seed": 1, "size": 3, "index": 0},
+     {"seed": 1, "size": 3, "index": 3}, "row 2, field 'task_data', key 'index'.*out of range.*index <= 2"),
+    ("skyrl_gym", SKY, {"env_class": "gsm8k"}, GSM8K_ROW, {"extras": {}}, "row 2, field 'task_data', key 'prompt'"),
+    ("datasets", MASTERMIND, {}, {"code": [1, 2, 3, 4]}, {"code": [1, 2, 7, 1]}, "row 2, .*key 'code'.*num_symbols=6"),
+    ("datasets", GUESS, {}, {"target": 3}, {"target": "7"}, "row 2, field 'task_data', key 'target'.*must be an int"),
+    ("datasets", GUESS, {"high": 5}, {"target": 3}, {"target": 7}, "row 2, .*key 'target'.*target <= 5"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("package, path, config, good, bad, message", BAD_TASK_DATA)
+def test_bad_task_data_is_refused_before_any_episode(package, path, config, good, bad, message, tokenizer, tmp_path):
+    """Each env checks its rows' task_data (validate_task_data) before anything is played: generate_rollouts,
+    rollout_map over a Dataset and over a stream all refuse the run, naming the row and the key."""
+    from hf_rollouts import rollout_map
+
+    pytest.importorskip(package)
+    ds = to_task_dataset([{"env_class_path": path, "env_config": config, "task_data": t} for t in (good, good, bad)])
+    agent = Returns(lambda turn: Action(text="x"), tokenizer)
+    with pytest.raises(TaskValidationError, match=message):
+        run(ds, agent, tokenizer, tmp_path)
+    fn = rollout_map(agent, 1, tokenizer=tokenizer)
+    with pytest.raises(TaskValidationError, match=message):
+        fn.features(ds)
+    with pytest.raises(TaskValidationError, match=message):
+        list(ds.to_iterable_dataset().map(fn, batched=True, batch_size=4, with_indices=True))
+    assert agent.calls == 0
+
+
 # -- 8. output directory ----------------------------------------------------------------------
 def cli_generate(tmp_path, output, *extra):
     from hf_rollouts.cli import main
@@ -327,16 +366,16 @@ def cli_generate(tmp_path, output, *extra):
     )
 
 
-def test_an_output_that_is_a_file_or_under_one_fails_before_generation(tmp_path):
+def test_an_output_that_is_a_file_or_under_one_fails_before_generation(tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     for output in (blocker, blocker / "sub"):
-        with pytest.raises(SystemExit, match="file"):
-            cli_generate(tmp_path, output)
+        assert cli_generate(tmp_path, output) == 2
+        assert "file" in capsys.readouterr().err
         assert not (tmp_path / "cache").exists()  # refused before any generation
 
 
-def test_an_output_that_is_not_writable_fails_before_generation(tmp_path):
+def test_an_output_that_is_not_writable_fails_before_generation(tmp_path, capsys):
     """Root ignores permission bits, so a chmod-ed directory is writable to root (these tests run as root in CI):
     as root the directory is ``/sys``, where the kernel refuses to create files for everyone."""
     if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -351,20 +390,20 @@ def test_an_output_that_is_not_writable_fails_before_generation(tmp_path):
                 pytest.skip(f"{parent} is writable here; no unwritable directory to test with")
         except OSError:
             pass  # really unwritable: the check has something to find
-        with pytest.raises(SystemExit, match=rf"not writable.*{parent}"):
-            cli_generate(tmp_path, parent / "hf_rollouts_out")
+        assert cli_generate(tmp_path, parent / "hf_rollouts_out") == 2
+        assert re.search(rf"not writable.*{parent}", capsys.readouterr().err)
         assert not (tmp_path / "cache").exists()  # refused before any generation
     finally:
         if parent.is_relative_to(tmp_path):
             parent.chmod(0o755)
 
 
-def test_stray_files_are_refused_even_with_overwrite(tokenizer, tmp_path):
+def test_stray_files_are_refused_even_with_overwrite(tokenizer, tmp_path, capsys):
     out = tmp_path / "out"
     (out / "parquet").mkdir(parents=True)
     (out / "parquet" / "other.parquet").write_text("stale")
-    with pytest.raises(SystemExit, match="not empty.*--overwrite"):
-        cli_generate(tmp_path, out)
+    assert cli_generate(tmp_path, out) == 2
+    assert re.search("not empty.*--overwrite", capsys.readouterr().err)
     assert not (tmp_path / "cache").exists()
     ds = run(guess_tasks([5]), ScriptedAgent(["5"]), tokenizer, tmp_path)
     with pytest.raises(ValueError, match="not empty"):
@@ -413,18 +452,18 @@ def test_overwrite_deletes_only_the_files_hf_rollouts_wrote(tokenizer, tmp_path)
     assert (linked / "train-00000-of-00001.parquet").exists()
 
 
-def test_cli_overwrite_replaces_its_own_output_and_refuses_foreign_files(tmp_path):
+def test_cli_overwrite_replaces_its_own_output_and_refuses_foreign_files(tmp_path, capsys):
     out = tmp_path / "out"
     assert cli_generate(tmp_path, out) == 0 and (out / "tokenizer" / "tokenizer_config.json").is_file()
     assert cli_generate(tmp_path, out, "--overwrite") == 0  # the CLI's own tokenizer copy is recognised
     (out / "tokenizer" / "notes.txt").write_text("mine")
-    with pytest.raises(SystemExit, match=r"tokenizer/notes\.txt"):
-        cli_generate(tmp_path, out, "--overwrite")
+    assert cli_generate(tmp_path, out, "--overwrite") == 2
+    assert "tokenizer/notes.txt" in capsys.readouterr().err
     assert (out / "tokenizer" / "notes.txt").read_text() == "mine"
 
 
 # -- 9. CLI trust flag ------------------------------------------------------------------------
-def test_cli_allow_env_module_lets_generate_use_that_module(tmp_path, monkeypatch):
+def test_cli_allow_env_module_lets_generate_use_that_module(tmp_path, monkeypatch, capsys):
     (tmp_path / "mymod_issue13.py").write_text(
         "from hf_rollouts.envs.guess_number import GuessNumberEnv\n\nclass MyEnv(GuessNumberEnv):\n    pass\n"
     )
@@ -433,8 +472,8 @@ def test_cli_allow_env_module_lets_generate_use_that_module(tmp_path, monkeypatc
     from hf_rollouts.cli import main
 
     args = ["generate", *env, "--output", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")]
-    with pytest.raises(Exception, match="allow-env-module"):
-        main(args)  # not allowed: refused, and the message names the flag
+    assert main(args) == 2  # not allowed: refused, and the message names the flag
+    assert "--allow-env-module mymod_issue13" in capsys.readouterr().err
     assert main([*args, "--allow-env-module", "mymod_issue13"]) == 0
     assert load_dataset("parquet", data_files=parquet_files(tmp_path / "out"), split="train")[0]["env_class_path"] == (
         "mymod_issue13.MyEnv"

@@ -18,6 +18,7 @@ from hf_rollouts import ScriptedAgent, rollout_map
 from hf_rollouts.agents import AgentRecipe
 from hf_rollouts.envs.guess_number import GuessNumberEnv
 from hf_rollouts.envs.mastermind import MastermindEnv
+from hf_rollouts.envs.twenty_questions import TwentyQuestionsEnv
 from hf_rollouts.mapping import _LIVE, RolloutMap
 from hf_rollouts.pipeline import generate_rollouts
 from hf_rollouts.schema import ROLLOUT_FEATURES, TaskValidationError, to_task_dataset
@@ -48,6 +49,20 @@ def test_map_rows_equal_generate_rollouts_column_by_column(tasks, hf_agent, tmp_
     # a streaming task dataset gives the same rows (indices = positions in the stream)
     stream = tasks.to_iterable_dataset().map(
         fn, batched=True, batch_size=2, with_indices=True, features=fn.features(tasks)
+    )
+    assert list(stream) == reference.to_list()
+
+
+def test_streaming_rows_equal_stored_rows_with_rewards_float32_rounds(tokenizer, tmp_path):
+    """IterableDataset.map does not cast what the map returns: the map stores values as a dataset would (float32
+    rewards), so a streamed row equals the stored one (0.7200000286102295, not 0.7200000000000001)."""
+    tasks = TwentyQuestionsEnv(tokenizer, {"max_turns": 3, "question_reward": 0.24}).get_train_dataset(2)
+    agent = ScriptedAgent(["Is it alive?"])
+    reference = generate_rollouts(tasks, agent, 2, tokenizer=tokenizer, seed=1, cache_dir=tmp_path, progress=False)
+    assert reference[0]["final_rewards"][0] == float(np.float32(0.24 * 3)) != 0.24 * 3
+    fn = rollout_map(agent, 2, tokenizer=tokenizer, seed=1)
+    stream = tasks.to_iterable_dataset().map(
+        fn, batched=True, batch_size=16, with_indices=True, features=fn.features(tasks)
     )
     assert list(stream) == reference.to_list()
 
@@ -163,7 +178,10 @@ def test_rows_are_validated_before_any_episode(tokenizer):
     good = {"env_class_path": "hf_rollouts.envs.mastermind.MastermindEnv", "env_config": {}, "task_data": {}}
     untrusted = {**good, "env_class_path": "os.path.Something"}
     bad_config = {**good, "env_config": {"code_length": 0}}
-    for bad, message in [(untrusted, "outside the trusted modules"), (bad_config, r"row 3, field 'env_config'")]:
+    for bad, message in [
+        (untrusted, "outside the modules trusted and allowed"),
+        (bad_config, r"row 3, field 'env_config'"),
+    ]:
         ds = to_task_dataset([good, good, good, bad])
         with pytest.raises(TaskValidationError, match=message):
             fn.features(ds)  # a Dataset: every row checked up front

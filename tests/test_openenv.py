@@ -22,7 +22,7 @@ from hf_rollouts import ScriptedAgent  # noqa: E402
 from hf_rollouts.envs.check import check_env  # noqa: E402
 from hf_rollouts.envs.openenv import OpenEnvEnv  # noqa: E402
 from hf_rollouts.pipeline import generate_rollouts  # noqa: E402
-from hf_rollouts.schema import TaskValidationError  # noqa: E402
+from hf_rollouts.schema import TaskValidationError, to_task_dataset  # noqa: E402
 
 
 class GuessAction(Action):
@@ -148,6 +148,66 @@ def test_episodes_we_end_first_free_their_session_at_once(tokenizer, tmp_path):
         server.should_exit = True
         thread.join(timeout=10)
     assert [s for row in out["statuses"] for s in row] == ["truncated"] * 16, out["errors"]
+
+
+class Flaky(GuessEnv):
+    """The seed picks how an episode ends: 0 plays normally; 1 reset raises; 2 every step raises; 3 a step answers a
+    reward that is not a number (true)."""
+
+    def reset(self, seed=None, episode_id=None, **kwargs) -> GuessObservation:
+        if seed % 4 == 1:
+            raise RuntimeError("reset broke")
+        self.kind = seed % 4
+        return super().reset(seed=seed, episode_id=episode_id, **kwargs)
+
+    def step(self, action: GuessAction, timeout_s=None, **kwargs) -> GuessObservation:
+        if self.kind == 2:
+            raise RuntimeError("step broke")
+        if self.kind == 3:
+            return GuessObservation(text="?", done=False, reward=True)
+        return super().step(action, timeout_s=timeout_s, **kwargs)
+
+
+def test_every_ending_frees_its_session_at_full_concurrency(tokenizer, tmp_path):
+    """Failing resets, steps and rewards end their episodes as errors and close their sessions before the next
+    episode starts: a server with exactly as many slots as episodes alive at once (4) refuses none of 48."""
+    server, thread, url = _serve(Flaky, 4)
+    try:
+        rows = [{"env_class_path": "hf_rollouts.envs.openenv.OpenEnvEnv", "env_config": {"base_url": url},
+                 "task_data": {"seed": seed}} for seed in range(16)]  # fmt: skip
+        out = generate_rollouts(to_task_dataset(rows), scripted(bisect_solver, tokenizer), 3, cache_dir=tmp_path,
+                                progress=False, allowed_env_models=[url], max_concurrency=4)  # fmt: skip
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    errors = [e for row in out["errors"] for e in row if e]
+    assert not [e for e in errors if "CAPACITY_REACHED" in e or "ConnectionClosed" in e], errors
+    expected = {0: "done", 1: "reset failed", 2: "step failed", 3: "not a number"}
+    for seed, statuses, row_errors in zip(range(16), out["statuses"], out["errors"]):
+        if seed % 4 == 0:
+            assert statuses == ["done"] * 3, row_errors
+        else:
+            assert statuses == ["error"] * 3 and all(expected[seed % 4] in e for e in row_errors), row_errors
+
+
+class Frozen(GuessEnv):
+    """A server whose steps hang (for 2 s here)."""
+
+    def step(self, action: GuessAction, timeout_s=None, **kwargs) -> GuessObservation:
+        threading.Event().wait(2.0)
+        return super().step(action, timeout_s=timeout_s, **kwargs)
+
+
+def test_a_frozen_server_names_itself_and_the_timeout_that_ran_out(tokenizer):
+    server, thread, url = _serve(Frozen, 4)
+    try:
+        env = OpenEnvEnv(tokenizer, {"base_url": url, "message_timeout": 0.5})
+        ep = env._run_complete_episode("s", ScriptedAgent(["7"]), {"seed": 1})
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert ep["status"] == "error" and url in ep["error"] and "step failed: TimeoutError." in ep["error"]
+    assert "message_timeout=0.5 s" in ep["error"] and "env_config['message_timeout']" in ep["error"]
 
 
 def test_check_env(server_url, tokenizer):

@@ -175,6 +175,12 @@ def test_a_killed_worker_loses_only_its_shard(cluster, tasks, tokenizer, tmp_pat
     (lost,) = executor.report.retried.values()
     assert len(lost) == 1 and "worker died" in lost[0]
     assert victim in [w["pid"] for w in executor.report.workers] and len(executor.report.workers) >= 2
+    retried = dict(executor.report.rows())["shards retried"]  # what the CLI prints and the card keeps
+    assert retried.startswith(f"1 (shard {next(iter(executor.report.retried))}: its worker died")
+    from hf_rollouts.publish import render_card
+
+    card = str(render_card(result["ds"], agent_info={}, seed=0, pad_token_id=0, executor_report=executor.report))
+    assert "| executor | ray |" in card and f"| shards retried | {retried}" in card
     print(f"killed worker {victim}: shard {list(executor.report.retried)} redone; {executor.report}")
 
 

@@ -69,6 +69,30 @@ def test_entry_is_regenerated_so_structured_answers_still_score(tokenizer):
     assert ep["status"] == "done" and ep["final_reward"] == 1.0
 
 
+@pytest.mark.parametrize(
+    "dataset, dataset_config, shown",
+    [
+        ("composite", {"datasets": [{"name": "leg_counting", "weight": 1.0, "config": {"max_animals": 3}}]}, "legs"),
+        ("arc_agi", {"board_format_opts": {"col_delimiter": ","}}, ","),
+        ("rearc", {"board_format_opts": {"col_delimiter": ","}}, ","),
+        (
+            "composite",
+            {"datasets": [{"name": "arc_agi", "weight": 1.0, "config": {"board_format_opts": {"col_delimiter": ","}}}]},
+            ",",
+        ),  # fmt: skip
+    ],
+)
+def test_nested_configs_are_built_as_reasoning_gym_builds_them(dataset, dataset_config, shown, tokenizer):
+    """Config fields that are dataclasses (composite's DatasetSpecs, ARC's BoardFormattingOptions) arrive as JSON
+    dicts; they are built into those classes (as composite's from_yaml does), and the right answer scores 1.0."""
+    env = ReasoningGymEnv(tokenizer, {"dataset": dataset, "dataset_config": dataset_config})
+    task = env.get_train_dataset(2)[1]["task_data"]
+    entry = env.dataset_of(task)[task["index"]]
+    assert shown in entry["question"]
+    ep = env._run_complete_episode("s", ScriptedAgent([f"<answer>{entry['answer']}</answer>"]), task)
+    assert ep["status"] == "done" and ep["final_reward"] == 1.0, ep["error"]
+
+
 def test_multi_attempt_feedback_then_success(tokenizer):
     env = ReasoningGymEnv(tokenizer, {**CONFIG, "max_attempts": 3})
     task = env.get_train_dataset(1)[0]["task_data"]

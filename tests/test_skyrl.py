@@ -10,6 +10,8 @@ import pytest
 
 pytest.importorskip("skyrl_gym")
 
+from skyrl_gym.envs.base_text_env import BaseTextEnv  # noqa: E402
+
 from hf_rollouts import ScriptedAgent  # noqa: E402
 from hf_rollouts.envs.check import check_env  # noqa: E402
 from hf_rollouts.envs.config import EnvConfigError  # noqa: E402
@@ -120,9 +122,9 @@ def test_text2sql_on_a_local_sqlite_database(tokenizer, sql_db, tmp_path):
     config = {"skyrl_env_config": {"db_path": str(sql_db)}, "max_turns": 4}
     solver = [f"<think>look</think><sql>{gold}</sql>", f"<think>done</think><solution>{gold}</solution>"]
     tasks = tasks_for("text2sql", [row], config)
-    with pytest.raises(TaskValidationError, match="module 'skyrl_gym.envs.text2sql'"):  # it runs the model's SQL
+    with pytest.raises(TaskValidationError, match="module 'skyrl_gym.envs.sql.env'"):  # it runs the model's SQL
         generate_rollouts(tasks, scripted(solver, tokenizer), 1, cache_dir=tmp_path / "x", progress=False)
-    allow = ["skyrl_gym.envs.text2sql"]
+    allow = ["skyrl_gym.envs.sql"]
     out = generate_rollouts(tasks, scripted(solver, tokenizer), 2, cache_dir=tmp_path / "c", progress=False,
                             allowed_env_modules=allow)  # fmt: skip
     assert flat(out, "statuses") == ["done", "done"] and flat(out, "final_rewards") == [1.0, 1.0]
@@ -181,12 +183,62 @@ def test_refusals(tokenizer):
 
 
 def test_envs_that_run_the_models_output_need_allowing():
+    """The module to allow is the one holding the env's code (its registry entry point's), as the error says."""
     assert SkyRLGymEnv.modules_to_import({"env_class": "gsm8k"}) == []
-    for name in ("lcb", "searchcode", "search", "text2sql"):
-        assert SkyRLGymEnv.modules_to_import({"env_class": name}) == [f"skyrl_gym.envs.{name}"]
+    for name, module in [("lcb", "lcb.env"), ("searchcode", "searchcode.env"), ("search", "search.env"),
+                         ("text2sql", "sql.env")]:  # fmt: skip
+        assert SkyRLGymEnv.modules_to_import({"env_class": name}) == [f"skyrl_gym.envs.{module}"]
     from hf_rollouts.envs.registry import spec_trust
 
-    assert spec_trust("skyrl:lcb")[0] == ["skyrl_gym.envs.lcb"]  # the CLI allows what --env names
+    assert spec_trust("skyrl:lcb")[0] == ["skyrl_gym.envs.lcb.env"]  # the CLI allows what --env names
+
+
+class Counted(BaseTextEnv):
+    """A SkyRL env registered the way users register theirs; its task's ``end`` says how the episode ends, and every
+    instance's ``close()`` is counted."""
+
+    made: list[str] = []
+    closed: list[str] = []
+
+    def __init__(self, env_config=None, extras=None):
+        super().__init__()
+        self.extras = extras or {}
+        Counted.made.append(self.extras["id"])
+
+    def init(self, prompt):
+        if self.extras["end"] == "init":
+            raise RuntimeError("init broke")
+        return prompt, {}
+
+    def step(self, action):
+        end = self.extras["end"]
+        if end == "step":
+            raise RuntimeError("step broke")
+        if end == "reward":
+            return {"observations": [], "reward": "high", "done": True, "metadata": {}}
+        if end == "cut":
+            return {"observations": [{"role": "user", "content": "more"}], "reward": 0.0, "done": False, "metadata": {}}
+        return {"observations": [], "reward": 1.0, "done": True, "metadata": {}}
+
+    def close(self):
+        Counted.closed.append(self.extras["id"])
+
+
+def test_a_registered_env_is_trusted_by_its_module_and_closed_on_every_ending(tokenizer, tmp_path):
+    import skyrl_gym
+
+    if "hfr_counted" not in skyrl_gym.registry:
+        skyrl_gym.register(id="hfr_counted", entry_point=Counted)
+    Counted.made, Counted.closed = [], []
+    ends = ["ok", "cut", "step", "reward", "init"]
+    rows = [{"prompt": [{"role": "user", "content": "go"}], "id": f"{end}", "end": end} for end in ends]
+    tasks = tasks_for("hfr_counted", rows, {"max_turns": 2})
+    with pytest.raises(TaskValidationError, match=f"module {Counted.__module__!r}.*--allow-env-module"):
+        generate_rollouts(tasks, scripted(["x"], tokenizer), 1, cache_dir=tmp_path / "a", progress=False)
+    out = generate_rollouts(tasks, scripted(["x"], tokenizer), 2, cache_dir=tmp_path / "b", progress=False,
+                            allowed_env_modules=[Counted.__module__], max_concurrency=2)  # fmt: skip
+    assert out["statuses"] == [["done"] * 2, ["truncated"] * 2, ["error"] * 2, ["error"] * 2, ["error"] * 2]
+    assert sorted(Counted.closed) == sorted(Counted.made) and len(Counted.made) == 10  # each env closed once
 
 
 def test_cli_short_name(tmp_path):

@@ -95,6 +95,7 @@ def handmade_rollouts() -> Dataset:
                 "final_rewards": [r["final"] for r in group],
                 "num_turns": [r["turns"] for r in group],
                 "statuses": [r["status"] for r in group],
+                "solved": [r["status"] != "error" and r["final"] >= 1.0 for r in group],
                 "errors": [r["error"] for r in group],
                 "conversations": [[{"role": "user", "content": "Guess."}] for _ in group],
                 "num_cut_turns": [0 for _ in group],

@@ -524,7 +524,7 @@ def test_to_trl_dataset_prompts_are_unique_and_map_back_to_the_row():
 
 
 def test_untrusted_env_and_bad_rows_are_refused_early(direct):
-    with pytest.raises(TaskValidationError, match="outside the trusted modules"):
+    with pytest.raises(TaskValidationError, match="outside the modules trusted and allowed"):
         to_trl_dataset(to_task_dataset(task_rows(1)))  # the test module was not allowed
     bad = to_task_dataset(
         [{"env_class_path": "hf_rollouts.envs.guess_number.GuessNumberEnv", "env_config": {}, "task_data": {}}] * 2
@@ -534,7 +534,7 @@ def test_untrusted_env_and_bad_rows_are_refused_early(direct):
     with pytest.raises(TaskValidationError, match="is not a task prompt"):
         direct.rollout(["What is 2+2?"] * 2, direct.trainer)
     strict = make_rollout_func(max_new_tokens=MAX_NEW)  # forged prompt naming an untrusted env
-    with pytest.raises(TaskValidationError, match=r"prompt 0 \(task row 0\).*outside the trusted modules"):
+    with pytest.raises(TaskValidationError, match=r"prompt 0 \(task row 0\).*outside the modules trusted and allowed"):
         strict(_prompts(task_rows(1)), direct.trainer)
 
 

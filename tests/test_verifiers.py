@@ -214,3 +214,28 @@ def test_a_group_rubric_scores_members_we_ended_first(tokenizer):
     out = env.run_trial([task], scripted(lambda m: next(answers, "0"), tokenizer), num_rollouts=3, max_concurrency=1)
     assert out["statuses"] == ["done", "truncated", "truncated"]
     assert out["final_rewards"] == [1.75, 0.25, 0.25]  # exact + took part + the group's shortest-correct bonus
+
+
+def test_every_ending_runs_verifiers_cleanup_once(tokenizer):
+    """As verifiers' own rollout does in ``finally``: cleanup once per episode, a failing env_response included."""
+    import hfr_vf_arith
+
+    env = VerifiersEnv(tokenizer, {"env_id": "hfr-vf-arith", "env_args": {"kind": "multi"}, "max_turns": 3})
+    task = env.get_train_dataset(1)[0]["task_data"]
+    hfr_vf_arith.CLEANED.clear()
+    played = env._run_complete_episode("a", ScriptedAgent(bisect_solver), task)
+    broke = env._run_complete_episode("b", ScriptedAgent(["99"]), task)
+    assert played["status"] in ("done", "truncated")
+    assert broke["status"] == "error" and "env_response broke" in broke["error"]
+    assert hfr_vf_arith.CLEANED == [task["answer"]] * 2
+
+
+def test_a_row_without_a_prompt_is_refused_before_any_episode(tokenizer, tmp_path):
+    from hf_rollouts.schema import to_task_dataset
+
+    env = VerifiersEnv(tokenizer, {"env_id": "hfr-vf-arith"})
+    good = env.get_train_dataset(1)[0]
+    rows = [good, {**good, "task_data": {"answer": "3"}}]
+    with pytest.raises(TaskValidationError, match="row 1, field 'task_data', key 'prompt'"):
+        generate_rollouts(to_task_dataset(rows), scripted(adder, tokenizer), 1, cache_dir=tmp_path, progress=False,
+                          allowed_env_modules=ALLOW)  # fmt: skip

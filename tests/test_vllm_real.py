@@ -417,6 +417,20 @@ def test_vllm_agent_prefix_cache_seeds_context_and_records(vllm_agent_run, small
     _, _, tok = small
     later = [r for r in run.records[: run.run_records] if r["cached"]]
     assert later and all(r["cached"] % 32 == 0 and r["cached"] < len(r["sent"]) for r in later)  # 32-token blocks
+    # only new tokens are prefilled (up to a part block): a turn reuses every whole block of the episode's previous
+    # prompt, with the default block size (vLLM's CPU default, 128, reused none of a ~130-token episode)
+    played = run.records[: run.run_records]
+    extended = 0
+    for r in played:
+        prefixes = [
+            len(q["sent"])
+            for q in played
+            if len(q["sent"]) < len(r["sent"]) and r["sent"][: len(q["sent"])] == q["sent"]
+        ]
+        if prefixes:
+            extended += 1
+            assert r["cached"] >= max(prefixes) // 32 * 32, (r["cached"], max(prefixes))
+    assert extended > 0
     assert run.stats["cached_prompt_tokens"] > 0 and run.stats["requests"] == 41
     assert run.stats["failures"] == 1  # the over-long prompt
     assert run.repeat[0] == run.repeat[1] and run.other_seed_ids != run.repeat[0][0]  # a seed fixes a request
@@ -489,4 +503,4 @@ def test_vllm_spec_without_vllm_says_how_to_set_it_up(tmp_path):
     with pytest.raises(VLLMUnavailableError, match=r"bash scripts/setup_vllm\.sh"):
         load_agent("vllm:some/model")
     run = _cli("generate", "--env", "mastermind", "--num-tasks", "1", "--model", "vllm:x", "--output", str(tmp_path))
-    assert run.returncode == 1 and "scripts/setup_vllm.sh" in run.stderr
+    assert run.returncode == 2 and run.stderr.startswith("error: ") and "scripts/setup_vllm.sh" in run.stderr

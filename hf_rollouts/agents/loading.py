@@ -12,6 +12,10 @@
   arguments.
 * anything else — a hub id or local path, loaded with ``from_pretrained``.
 
+A spec that can only be a local path (absolute, ``./``, ``../`` or ``~``, or with more than one ``/``) must name a
+folder that exists: otherwise :class:`ModelNotFoundError` says so, instead of the hub client's "Repo id must be in
+the form ..." (the same for ``vllm:PATH`` and a ``tokenizer`` path).
+
 :class:`AgentRecipe` says how to build an agent again in another process (a Ray worker, a
 ``Dataset.map`` subprocess): a model cannot be shipped, a recipe can. ``load_agent`` records
 its own recipe on the agent it returns (``agent.recipe``).
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .base import Agent
@@ -28,6 +33,22 @@ from .hf import TransformersAgent
 from .sampling import SamplingConfig
 
 TINY_SPECS = {"tiny": "tiny", "tiny-small": "small"}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """A model (or tokenizer) spec that can only be a local folder names none."""
+
+
+def check_local_model(spec: str, what: str = "model") -> None:
+    """:class:`ModelNotFoundError` when ``spec`` can only be a local path (absolute, ``./``, ``../``, ``~``, or more
+    than one ``/``: a hub id is ``name`` or ``namespace/name``) and no such folder exists."""
+    path = Path(spec).expanduser()
+    local = spec.startswith(("/", "./", "../", "~")) or path.is_absolute() or spec.count("/") > 1
+    if local and not path.exists():
+        raise ModelNotFoundError(
+            f"{what} {spec!r}: the folder {str(path)!r} does not exist. Give a model folder (with config.json, as "
+            "save_pretrained writes it) or a Hub id such as 'Qwen/Qwen2.5-0.5B-Instruct'."
+        )
 
 
 @dataclass(frozen=True)
@@ -123,6 +144,8 @@ def _load(spec, sampling, seed, model_seed, backend, reuse_kv, tokenizer, trust_
         return TransformersAgent(
             model, tok, sampling, seed=seed, backend=backend, reuse_kv=reuse_kv, name=model.config._name_or_path
         )
+    if tokenizer is not None:
+        check_local_model(tokenizer, "tokenizer")
     if spec.startswith("openai:"):
         from transformers import AutoTokenizer
 
@@ -137,8 +160,10 @@ def _load(spec, sampling, seed, model_seed, backend, reuse_kv, tokenizer, trust_
     if spec.startswith("vllm:"):
         from .vllm import VLLMAgent, VLLMSettings, parse_vllm_spec
 
+        check_local_model(parse_vllm_spec(spec))
         options = {"seed": seed, "tokenizer": tokenizer, "trust_remote_code": trust_remote_code, **(engine or {})}
         return VLLMAgent(VLLMSettings.from_dict(parse_vllm_spec(spec), options), sampling=sampling)
+    check_local_model(spec)
     return TransformersAgent.from_pretrained(
         spec, sampling=sampling, seed=seed, backend=backend, reuse_kv=reuse_kv, trust_remote_code=trust_remote_code
     )

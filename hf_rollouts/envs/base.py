@@ -20,9 +20,11 @@ overlaps its waits; see :attr:`MultistepEnv.thread_safe_hooks`.
 
 Optional hooks: ``_calculate_reward(state, step_rewards) -> float`` (default: the sum of
 step rewards), ``_calculate_group_rewards(task_data, states, final_rewards)`` (rewards over all of a
-task's finished rollouts, see :mod:`hf_rollouts.rollout.group`), ``_system_prompt(state)``, ``_tools()`` (the env's
+task's finished rollouts, see :mod:`hf_rollouts.rollout.group`), ``_close_episode(session_id, state)`` (releases what
+an episode holds, on every ending), ``_system_prompt(state)``, ``_tools()`` (the env's
 tools: functions it runs, or bare JSON schemas for the chat template), ``_call_tools(session_id, state, calls)``
 (runs one turn's tool calls), and
+``validate_task_data(task_data)`` (checks a row before any episode runs), and
 ``_task_list(split, num_tasks)``, which :meth:`~MultistepEnv.get_train_dataset` /
 :meth:`~MultistepEnv.get_eval_dataset` need to make task rows (an env whose tasks come from the
 user's own dataset can leave it out).
@@ -100,6 +102,7 @@ class MultistepEnv(ABC):
     * ``reward_placement`` (``"last"`` | ``"spread"``): see
       :data:`hf_rollouts.rollout.REWARD_PLACEMENTS`.
     * ``system_prompt`` (str | None): overrides :meth:`_system_prompt`.
+    * ``max_reward`` (float | None): overrides :attr:`default_max_reward` (what counts as solved).
     * ``seed`` (int): seeds task generation (:meth:`get_train_dataset`).
     * ``step_timeout`` / ``episode_timeout`` (float >= 0 | None): override the run's time limits
       (read by the scheduler).
@@ -117,6 +120,10 @@ class MultistepEnv(ABC):
 
     name: ClassVar[str] = ""
     default_max_turns: ClassVar[int] = 10
+    default_max_reward: ClassVar[float | None] = None
+    """The env's highest final reward, when it has one: an episode whose final reward reaches it is *solved*, unless
+    the env says otherwise with ``info["solved"]`` (``env_config["max_reward"]`` overrides it; ``self.max_reward``).
+    ``None``: unknown (adapters of other ecosystems); then only ``info["solved"]`` says."""
     model_config_keys: ClassVar[tuple[str, ...]] = ()
     """``env_config`` keys whose values name a model to load or an endpoint to call. Task
     data may only use values the caller allows (``allowed_env_models``): like code, a
@@ -146,6 +153,9 @@ class MultistepEnv(ABC):
         self.max_turns: int = self.config.max_turns if self.config.max_turns is not None else self.default_max_turns
         self.max_episode_tokens: int | None = self.config.max_episode_tokens
         self.reward_placement: str = self.config.reward_placement
+        self.max_reward: float | None = (
+            self.config.max_reward if self.config.max_reward is not None else self.default_max_reward
+        )
         self.seed: int = self.config.seed
         self.toolbox, schemas = _declare_tools(type(self).__name__, self._tools())
         self.chat = ChatDelta(tokenizer, template_kwargs=self.config.chat_template_kwargs or {}, tools=schemas)
@@ -205,6 +215,33 @@ class MultistepEnv(ABC):
         return None
 
     _calculate_group_rewards.default_hook = True  # type: ignore[attr-defined]
+
+    def validate_task_data(self, task_data: dict[str, Any]) -> None:
+        """Check one task row's ``task_data`` without playing it. Default: nothing (a bad row then fails in its
+        episodes, as ``error``).
+
+        ``generate_rollouts``, ``rollout_map`` and the CLI call it for every row before any episode runs; raise
+        :class:`~hf_rollouts.envs.task_data.TaskDataError` (its ``key`` names the field; :func:`~hf_rollouts.envs.
+        task_data.task_int` and :func:`~hf_rollouts.envs.task_data.require` check the common cases), or any other
+        exception, with the reason: the run is refused with a :class:`~hf_rollouts.schema.TaskValidationError`
+        naming the row and the field. Check what can be known without an episode (keys present, types, ranges,
+        values the env knows), never by playing."""
+        return None
+
+    validate_task_data.default_hook = True  # type: ignore[attr-defined]
+
+    def _close_episode(self, session_id: str, state: Any) -> None:
+        """Release what an episode's state holds (a server session, a subprocess, a sandbox). Default: nothing.
+
+        Called exactly once for every episode whose :meth:`_initialize_episode` returned, whatever ended it (done,
+        truncated, an exception in any hook, a time limit, the agent failing), after its final reward or its error
+        and before the episode counts as finished, so the resource is free before the next episode takes its slot
+        (see :mod:`hf_rollouts.rollout.episode`). Never called when ``_initialize_episode`` raised: release there
+        what it opened before raising. May be ``async def``; timed by ``step_timeout``. An exception makes the
+        episode ``error``."""
+        return None
+
+    _close_episode.default_hook = True  # type: ignore[attr-defined]
 
     def _system_prompt(self, state: Any) -> str | None:
         """Optional system message opening every episode (``env_config['system_prompt']`` wins)."""

@@ -16,7 +16,9 @@ contract of :class:`~hf_rollouts.envs.base.MultistepEnv`:
   such tool is an error result, not an exception); its tools were declared and its template accepted when
   the env was built;
 * with ``_task_list``: tasks are deterministic under ``env_config['seed']`` and train/eval
-  tasks are disjoint.
+  tasks are disjoint;
+* ``validate_task_data`` accepts every task played (a check that refuses the env's own tasks would refuse
+  every run up front).
 
 Every problem found is reported together, each with what to fix, in one :class:`EnvCheckError`.
 """
@@ -205,6 +207,14 @@ def check_env(
             f"{name} has no _task_list, so check_env needs tasks: check_env({name}, tokenizer, tasks=[task_data, ...])."
         )
     tasks = [dict(t) for t in tasks][:num_tasks] if len(tasks) > num_tasks else [dict(t) for t in tasks]
+    for task in tasks:
+        try:
+            env.validate_task_data(copy.deepcopy(task))
+        except Exception as exc:
+            problems.append(
+                f"{name}.validate_task_data refuses the task {task!r:.80} ({type(exc).__name__}: {exc}); it must "
+                "accept every task the env plays (runs call it on every row before any episode)."
+            )
 
     first = resolve(env._initialize_episode("fresh0", copy.deepcopy(tasks[0])))
     second = resolve(env._initialize_episode("fresh1", copy.deepcopy(tasks[0])))

@@ -116,6 +116,11 @@ class EnvConfig:
         choices=REWARD_PLACEMENTS,
     )
     system_prompt: str | None = option(None, "System message opening every episode (overrides the env's own).")
+    max_reward: float | None = option(
+        None,
+        "The highest final reward: an episode reaching it counts as solved unless the env says (info['solved']) "
+        "(default: the environment's own; none for adapters whose reward scale is unknown).",
+    )
     seed: int = option(0, "Seeds task generation (get_train_dataset / get_eval_dataset).")
     step_timeout: float | None = option(
         None, "Seconds one env hook call may take (overrides the run's step_timeout; 0: no limit).", ge=0

@@ -112,8 +112,9 @@ def resolve_env_class(path: str, allowed_env_modules: Iterable[str] = (), *, whe
     module_name, _, class_name = path.rpartition(".")
     if not _module_allowed(module_name, allowed_env_modules):
         raise TaskValidationError(
-            f"{where}env_class_path {path!r} is outside the trusted modules {list(TRUSTED_PREFIXES)}. "
-            "Importing it would run its code. If you trust it, allow its module prefix: "
+            f"{where}env_class_path {path!r} is outside the modules trusted and allowed here "
+            f"{[*TRUSTED_PREFIXES, *allowed_env_modules]}. Importing it would run its code. If you trust it, allow "
+            "its module prefix: "
             f"allowed_env_modules=[{module_name.split('.')[0]!r}] (CLI: --allow-env-module "
             f"{module_name.split('.')[0]})."
         )

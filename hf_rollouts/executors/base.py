@@ -185,6 +185,31 @@ class RunReport:
     workers: list[dict[str, Any]] = field(default_factory=list)
     """One entry per worker started: ``startup_s`` (agent and envs built), ``pid``, ``host``."""
     wall_s: float = 0.0
+    shards: int = 0
+    """Shards in the run's plan (this process's block of them with ``processes``: ``expanded`` + ``reused``)."""
+
+    def rows(self) -> list[tuple[str, str]]:
+        """What the run did, as ``(item, value)`` rows (the CLI prints them, the dataset card shows them)."""
+        retried = "; ".join(f"shard {i}: " + ", ".join(why) for i, why in sorted(self.retried.items()))
+        rows = [
+            ("executor", self.executor),
+            ("shards run", f"{len(self.expanded)} of {self.shards}" + _indices(self.expanded)),
+            ("shards reused from the cache", f"{len(self.reused)}" + _indices(self.reused)),
+            ("shards retried", f"{len(self.retried)}" + (f" ({retried})" if retried else "")),
+        ]
+        if self.workers:
+            startup = sum(w.get("startup_s", 0.0) for w in self.workers) / len(self.workers)
+            rows.append(("workers started", f"{len(self.workers)} (mean start-up {startup:.1f} s)"))
+        return rows
+
+    def summary(self) -> str:
+        """:meth:`rows` on one line."""
+        return "; ".join(f"{key} {value}" for key, value in self.rows())
+
+
+def _indices(indices: list[int]) -> str:
+    shown = ", ".join(map(str, sorted(indices)[:10])) + (", ..." if len(indices) > 10 else "")
+    return f" ({shown})" if indices else ""
 
 
 class Executor(ABC):

@@ -29,7 +29,7 @@ class LocalExecutor(Executor):
 
     def run(self, work: ShardWork, *, reuse: bool, progress: bool) -> RunReport:
         start = time.perf_counter()
-        self.report = report = RunReport(self.name)
+        self.report = report = RunReport(self.name, shards=len(work.plan.shards))
         everything = range(len(work.plan.shards))
         todo = work.plan.pending(everything, reuse)
         report.reused = [i for i in everything if i not in set(todo)]
@@ -50,8 +50,8 @@ class ProcessesExecutor(Executor):
 
         start = time.perf_counter()
         state = process_state()
-        self.report = report = RunReport(self.name)
         mine = work.plan.block(state.process_index, state.num_processes)
+        self.report = report = RunReport(self.name, shards=len(mine))
         todo = work.plan.pending(mine, reuse)
         report.reused = [i for i in mine if i not in set(todo)]
         multi = state.num_processes > 1

@@ -92,7 +92,7 @@ class RayExecutor(Executor):
 
     def run(self, work: ShardWork, *, reuse: bool, progress: bool) -> RunReport:
         start = time.perf_counter()
-        self.report = report = RunReport(self.name)
+        self.report = report = RunReport(self.name, shards=len(work.plan.shards))
         everything = range(len(work.plan.shards))
         todo = work.plan.pending(everything, reuse)
         report.reused = [i for i in everything if i not in set(todo)]

@@ -109,6 +109,14 @@ def env_config_tables(env_configs: list[tuple[str, dict[str, Any]]]) -> list[dic
     return tables
 
 
+def _solved_rule(path: str, config: dict[str, Any]) -> str:
+    """What counts as solved for one env class and config, as the card says it."""
+    top = config.get("max_reward", getattr(_env_class(path), "default_max_reward", None))
+    if isinstance(top, (int, float)) and not isinstance(top, bool):
+        return f"its `info['solved']` where it says, else final reward >= {top:g}"
+    return "its `info['solved']` only (no max_reward declared)"
+
+
 def render_card(
     ds: Dataset,
     *,
@@ -119,11 +127,13 @@ def render_card(
     pretty_name: str | None = None,
     license: str = "apache-2.0",
     run_options: dict[str, Any] | None = None,
+    executor_report: Any = None,
 ) -> DatasetCard:
     """Render the card of rollout dataset ``ds`` (use ``card.save(path)`` or ``card.push_to_hub(repo_id)``).
 
     ``run_options``: the run's other settings (:class:`~hf_rollouts.pipeline.RolloutOptions` as a dict, e.g.
-    ``batch_size``, ``env_workers``, time limits), shown beside the seed."""
+    ``batch_size``, ``env_workers``, time limits), shown beside the seed. ``executor_report``: what the executor did
+    (:class:`~hf_rollouts.executors.RunReport`: shards run, reused, retried), shown in a section of its own."""
     stats = compute_stats(ds)
     configs: Counter[tuple[str, str]] = Counter(
         (p, json.dumps(c, sort_keys=True)) for p, c in zip(ds["env_class_path"], ds["env_config"])
@@ -155,6 +165,13 @@ def render_card(
         run_options={k: json.dumps(v) for k, v in (run_options or {}).items() if k not in ("seed", "num_rollouts")},
         stats=stats,
         stats_table=stats.table(),
+        solved_rules=[
+            {"name": name, "rule": rule}
+            for name, rule in dict.fromkeys(
+                (p.rsplit(".", 1)[-1], _solved_rule(p, json.loads(c))) for p, c in sorted(configs)
+            )
+        ],
+        executor=[(k, _cell(v)) for k, v in executor_report.rows()] if executor_report is not None else None,
         columns=[
             {"name": n, "type": repr(f).replace("|", "\\|"), "help": COLUMN_HELP.get(n, "")}
             for n, f in ds.features.items()

@@ -1,8 +1,10 @@
 """Summary statistics of a rollout dataset, for dataset cards and ``hf-rollouts inspect``.
 
-A rollout *succeeds* when its status is ``done`` and its final reward is > 0.
-Error rollouts (NaN reward) are left out of reward means and counted apart;
-they count as failures for the solve rate and pass@k.
+A rollout is *solved* when its ``solved`` column says so: the env's own ``info["solved"]``, else its final reward
+reached the env's declared ``max_reward`` (:func:`hf_rollouts.rollout.group.settle_solved`). A rollout whose env
+declares neither has no verdict (``solved`` null): it is left out of the solve rate and pass@k, which are NaN when
+no rollout has one. Error rollouts (NaN reward) are left out of reward means and counted apart; they are never
+solved.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ class RolloutStats:
     std_final_reward: float
     solve_rate: float
     pass_at_k: float
+    solved: int
+    """Rollouts solved."""
+    judged: int
+    """Rollouts with a verdict (``solved`` not null): the solve rate's denominator."""
     mean_turns: float
     cut_turns: int
     mean_tokens: float
@@ -50,13 +56,20 @@ class RolloutStats:
             ("tasks", f"{self.tasks}"),
             ("rollouts", f"{self.rollouts} ({k} per task)"),
             ("mean final reward", f"{self.mean_final_reward:.4f} ± {self.std_final_reward:.4f} (std, errors excluded)"),
-            ("solve rate (pass@1)", f"{self.solve_rate:.4f}"),
-            (f"pass@{k}", f"{self.pass_at_k:.4f}"),
+            ("solve rate (pass@1)", self._solve_rate()),
+            (f"pass@{k}", "n/a" if math.isnan(self.pass_at_k) else f"{self.pass_at_k:.4f}"),
             ("turns per episode", f"{self.mean_turns:.2f}"),
             ("turns cut by the token budget", f"{self.cut_turns}"),
             ("tokens per episode", f"{self.mean_tokens:.1f} ({self.mean_agent_tokens:.1f} sampled by the agent)"),
             ("status counts", f"done {self.done}, truncated {self.truncated}, error {self.errors}"),
         ] + self._tool_rows()
+
+    def _solve_rate(self) -> str:
+        if not self.judged:
+            return "n/a (no rollout's env says what solved is: set env_config['max_reward'] or info['solved'])"
+        rate = f"{self.solve_rate:.4f} ({self.solved} of {self.judged} rollouts"
+        left_out = self.rollouts - self.judged
+        return rate + (f"; {left_out} of envs that declare no max_reward left out)" if left_out else ")")
 
     def _tool_rows(self) -> list[tuple[str, str]]:
         if not self.tool_calls:
@@ -85,14 +98,14 @@ def compute_stats(ds: Dataset) -> RolloutStats:
         c.name for c in ROLLOUT_COLUMNS if c.name in ds.column_names and (not c.is_sequence or c.value.dtype == "int8")
     ]
     cols = ds.select_columns(["env_class_path", *light])
-    rewards, statuses, turns, tokens, agent_tokens, task_solved = [], [], [], [], [], []
+    rewards, statuses, turns, tokens, agent_tokens, verdicts, task_solved = [], [], [], [], [], [], []
     envs: Counter[str] = Counter()
     k = 0
     cut_turns = sum(map(sum, ds["num_cut_turns"])) if "num_cut_turns" in ds.column_names else 0
     for row in cols:
         envs[_short_env(row["env_class_path"])] += 1
         k = max(k, len(row["final_rewards"]))
-        solved_any = False
+        row_verdicts = row.get("solved") or [None] * len(row["final_rewards"])  # no column: written before it existed
         for r, s, t, am, ag in zip(
             row["final_rewards"],
             row["statuses"],
@@ -105,11 +118,12 @@ def compute_stats(ds: Dataset) -> RolloutStats:
             turns.append(t)
             tokens.append(sum(am))
             agent_tokens.append(sum(ag))
-            solved_any |= s == "done" and r is not None and not math.isnan(r) and r > 0
-        task_solved.append(solved_any)
+        verdicts += row_verdicts
+        if any(v is not None for v in row_verdicts):
+            task_solved.append(any(row_verdicts))
     tools = _tool_stats(ds)
     r = np.array([x for x in rewards if x is not None and not math.isnan(x)], dtype=np.float64)
-    solved = [s == "done" and x is not None and not math.isnan(x) and x > 0 for s, x in zip(statuses, rewards)]
+    judged = [bool(v) for v in verdicts if v is not None]
     count = Counter(statuses)
     return RolloutStats(
         tasks=len(ds),
@@ -117,8 +131,10 @@ def compute_stats(ds: Dataset) -> RolloutStats:
         rollouts=len(rewards),
         mean_final_reward=float(r.mean()) if len(r) else math.nan,
         std_final_reward=float(r.std()) if len(r) else math.nan,
-        solve_rate=float(np.mean(solved)) if solved else math.nan,
+        solve_rate=float(np.mean(judged)) if judged else math.nan,
         pass_at_k=float(np.mean(task_solved)) if task_solved else math.nan,
+        solved=sum(judged),
+        judged=len(judged),
         mean_turns=float(np.mean(turns)) if turns else math.nan,
         cut_turns=int(cut_turns),
         mean_tokens=float(np.mean(tokens)) if tokens else math.nan,

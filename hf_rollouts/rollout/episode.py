@@ -14,12 +14,22 @@ Statuses: the environment ended the game → ``done``; ``max_turns`` or
 message, the partial trajectory and a NaN final reward (``on_error="raise"`` re-raises).
 Each hook call is timed by the episode's :class:`HookClock`, which the scheduler's watchdog
 reads to enforce ``step_timeout`` and ``episode_timeout``.
+
+Release: an env that overrides ``_close_episode(session_id, state)`` has it called exactly once for every
+episode whose ``_initialize_episode`` returned, whatever ended it (done, truncated, an exception, a time
+limit), before the episode counts as finished, so what the state holds (a server session, a subprocess, a
+sandbox) is free before the next episode starts. It is timed by ``step_timeout`` only (the episode's own
+``episode_timeout`` has run out when a time limit ended it). A close that raises makes the episode ``error``.
+Where nothing drives the episode any more (the watchdog abandoned it while a sync hook was stuck; the run
+stopped), the close is called at once without waiting for it (an ``async def`` close is started on the engine
+loop).
 """
 
 from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Generator
 from functools import partial
 from typing import Any, Protocol
@@ -27,7 +37,7 @@ from typing import Any, Protocol
 from ..agents.base import Agent
 from ..chat import ChatDelta
 from ..types import AgentRequest, Episode
-from .aio import resolve
+from .aio import ENGINE_LOOP, resolve
 from .group import uses_group_hook
 from .recorder import EpisodeRecorder
 from .tool_loop import agent_turn, turns_left
@@ -61,7 +71,7 @@ class HookClock:
     activity begins, so the watchdog can wake before the episode's remaining budget runs out.
     """
 
-    __slots__ = ("activity", "since", "used", "alarm", "cancelled", "lock")
+    __slots__ = ("activity", "since", "used", "alarm", "cancelled", "lock", "ending")
 
     def __init__(self) -> None:
         self.activity: str | None = None
@@ -70,6 +80,7 @@ class HookClock:
         self.alarm: Any = None
         self.cancelled = False  # set by the scheduler when it gave up on the episode: stop at the next hook
         self.lock: Any = None  # an env with thread_safe_hooks = False: its lock, held around each hook call
+        self.ending = False  # the episode is over and its env releases it: only step_timeout applies now
 
     def begin(self, activity: str) -> None:
         self.activity, self.since = activity, time.monotonic()
@@ -145,32 +156,93 @@ def episode_steps(
     clock.lock = getattr(env, "hooks_lock", None)
     rec.tools = rec.tools or getattr(env, "tool_turns", None)  # set by an env with executable tools
     hook = partial(_hook, clock)  # called as `yield from hook(name, fn, *args)`
+    state: Any = _NO_STATE
+    released = False
     try:
-        state = yield from hook("_initialize_episode", env._initialize_episode, session_id, task_data)
-        agent_state, step_rewards, done = None, [], False
-        system = env.env_config.get("system_prompt") or (yield from hook("_system_prompt", env._system_prompt, state))
-        for step in range(env.max_turns):
-            if not turns_left(env, rec):  # tool-call turns count against max_turns
-                break
-            prompt = yield from hook("_format_prompt", env._format_prompt, state, step)
-            rec.add_env_message(prompt, system=system if step == 0 else None)
-            if env.max_episode_tokens and len(rec.ids) >= env.max_episode_tokens:
-                break
-            text, agent_state = yield from agent_turn(env, rec, hook, session_id, state, agent_state, seed)
-            if text is None:  # a tool limit ended the episode
-                break
-            state, reward, done, info = yield from hook("_step_episode", env._step_episode, session_id, state, text)
-            rec.reward_turn(reward, info, done=bool(done))
-            step_rewards.append(float(reward))
-            if done:
-                break
-        final = yield from hook("_calculate_reward", env._calculate_reward, state, step_rewards)
-        kept = state if uses_group_hook(env) else None  # else released now (a session, a subprocess)
-        return rec.finish("done" if done else "truncated", final, env_state=kept)
+        try:
+            state = yield from hook("_initialize_episode", env._initialize_episode, session_id, task_data)
+            agent_state, step_rewards, done = None, [], False
+            system = env.env_config.get("system_prompt") or (
+                yield from hook("_system_prompt", env._system_prompt, state)
+            )
+            for step in range(env.max_turns):
+                if not turns_left(env, rec):  # tool-call turns count against max_turns
+                    break
+                prompt = yield from hook("_format_prompt", env._format_prompt, state, step)
+                rec.add_env_message(prompt, system=system if step == 0 else None)
+                if env.max_episode_tokens and len(rec.ids) >= env.max_episode_tokens:
+                    break
+                text, agent_state = yield from agent_turn(env, rec, hook, session_id, state, agent_state, seed)
+                if text is None:  # a tool limit ended the episode
+                    break
+                state, reward, done, info = yield from hook("_step_episode", env._step_episode, session_id, state, text)
+                rec.reward_turn(reward, info, done=bool(done))
+                step_rewards.append(float(reward))
+                if done:
+                    break
+            final = yield from hook("_calculate_reward", env._calculate_reward, state, step_rewards)
+            status, error = ("done" if done else "truncated"), None
+        except Exception as exc:
+            if on_error == "raise":
+                raise
+            status, final, error = "error", math.nan, f"{type(exc).__name__}: {exc}"
+        if state is not _NO_STATE:
+            released = True  # whatever happens next, the finally below does not close it again
+            problem = yield from _release(env, clock, session_id, state)
+            if problem is not None:
+                if on_error == "raise":
+                    raise RuntimeError(problem)
+                status, error = "error", problem if error is None else f"{error}; then {problem}"
+        if status == "error":
+            return rec.finish("error", math.nan, error=error)
+        kept = state if uses_group_hook(env) else None  # else dropped now
+        return rec.finish(status, final, env_state=kept)
+    finally:  # on_error="raise", or the generator closed while it waited: release without waiting
+        if state is not _NO_STATE and not released:
+            _release_now(env, session_id, state)
+
+
+_NO_STATE = object()
+
+
+def closes_episodes(env: Any) -> bool:
+    """Whether ``env`` overrides ``_close_episode`` (the base class's default is marked ``default_hook``)."""
+    close = getattr(env, "_close_episode", None)
+    return close is not None and not getattr(close, "default_hook", False)
+
+
+def _release(env: Any, clock: HookClock, session_id: str, state: Any) -> Generator[HookAwait, Any, str | None]:
+    """Call the env's ``_close_episode`` for an ended episode (see the module docstring); return what went wrong,
+    or ``None``."""
+    if not closes_episodes(env):
+        return None
+    if clock.cancelled:  # the watchdog gave up on this episode: nobody drives this generator any more
+        _release_now(env, session_id, state)
+        return None
+    clock.ending = True
+    try:
+        yield from _hook(clock, "_close_episode", env._close_episode, session_id, state)
+    except EpisodeCancelled:  # a sync close ran past step_timeout; the episode is recorded as error already
+        return None
     except Exception as exc:
-        if on_error == "raise":
-            raise
-        return rec.finish("error", math.nan, error=f"{type(exc).__name__}: {exc}")
+        return f"_close_episode failed: {type(exc).__name__}: {exc}"
+    return None
+
+
+def _release_now(env: Any, session_id: str, state: Any) -> None:
+    """Call ``_close_episode`` without waiting for an async one (it is started on the engine loop)."""
+    if not closes_episodes(env):
+        return
+    try:
+        result = env._close_episode(session_id, state)
+        if hasattr(result, "__await__"):
+            ENGINE_LOOP.submit(result)
+    except Exception as exc:  # the episode has failed or was abandoned already: say so, do not hide the first error
+        warnings.warn(
+            f"{type(env).__name__}._close_episode failed for {session_id}: {type(exc).__name__}: {exc}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def run_episode(

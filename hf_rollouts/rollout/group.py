@@ -19,6 +19,9 @@ message; never a zero reward. The hook may be ``async def``: it is awaited on th
 Env states are kept on the episodes only for an env that overrides the hook, only until this step, and then
 dropped: they never reach a dataset. An episode with no agent turn keeps its final reward (there is no turn to
 place a change on).
+
+Last, with the final rewards settled, each rollout's ``solved`` is settled (:func:`settle_solved`): the env's own
+word (``info["solved"]``), else whether the final reward reached the env's ``max_reward``.
 """
 
 from __future__ import annotations
@@ -79,6 +82,26 @@ def apply_group_rewards(
 ) -> list[dict[str, Any]]:
     """``episodes`` (one task's unpadded episode dicts) with the env's group rewards applied (see the module
     docstring) and their env states dropped. ``on_error="raise"`` re-raises a failing hook."""
+    return settle_solved(env, _group_rewards(env, task_data, episodes, on_error))
+
+
+def settle_solved(env: Any, episodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each episode's ``solved`` settled (in place): ``False`` for ``error``; the env's ``info["solved"]`` where it
+    gave one; else ``final_reward >= env.max_reward`` when the env declares a maximum; else ``None`` (unknown)."""
+    top = getattr(env, "max_reward", None)
+    for e in episodes:
+        if e.get("status") == "error":
+            e["solved"] = False
+        elif e.get("solved") is None:
+            e["solved"] = (
+                None if top is None else bool(e["final_reward"] >= top or math.isclose(e["final_reward"], top))
+            )
+    return episodes
+
+
+def _group_rewards(
+    env: Any, task_data: dict[str, Any], episodes: list[dict[str, Any]], on_error: str
+) -> list[dict[str, Any]]:
     members = [i for i, e in enumerate(episodes) if e.get("status") != "error"]
     out = [{k: v for k, v in e.items() if k != "env_state"} for e in episodes]
     if not uses_group_hook(env) or not members:
@@ -103,4 +126,4 @@ def apply_group_rewards(
     return out
 
 
-__all__ = ["GROUP_HOOK", "apply_group_rewards", "uses_group_hook"]
+__all__ = ["GROUP_HOOK", "apply_group_rewards", "settle_solved", "uses_group_hook"]

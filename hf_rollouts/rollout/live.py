@@ -39,7 +39,7 @@ class LiveEpisode:
             return None
         if self.step_limit and clock.activity != AGENT and now - clock.since > self.step_limit:
             return f"step_timeout: {clock.activity} ran over {self.step_limit} s"
-        if self.episode_limit and clock.elapsed(now) > self.episode_limit:
+        if self.episode_limit and not clock.ending and clock.elapsed(now) > self.episode_limit:
             where = "" if clock.activity == AGENT else f" (stuck in {clock.activity})"
             return f"episode_timeout: the episode ran over {self.episode_limit} s{where}"
         return None
@@ -52,7 +52,7 @@ class LiveEpisode:
         due = math.inf
         if self.step_limit and clock.activity != AGENT:
             due = clock.since + self.step_limit
-        if self.episode_limit:
+        if self.episode_limit and not clock.ending:
             due = min(due, clock.since + self.episode_limit - clock.used)
         return due
 

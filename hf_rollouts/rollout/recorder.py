@@ -27,6 +27,10 @@ env's turn limit, a time budget: Gymnasium's ``truncated``, as opposed to won or
 ``done=True`` with ``info["truncated"] = True`` from ``_step_episode``; the episode is then stored as
 ``truncated``, never ``done``. ``info["truncated"]`` must be a bool, and ``True`` only on the step
 that ends the episode (:data:`TRUNCATED_KEY`; anything else is an :class:`EnvOutputError`).
+
+**Solved, as the environment says it.** ``info["solved"]`` (a bool; :data:`SOLVED_KEY`) on a step says whether the
+task is solved; the last step that says it decides ``Episode.solved``. An env that never says leaves it ``None``,
+and the final reward decides against the env's ``max_reward`` (:func:`~hf_rollouts.rollout.group.settle_solved`).
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ is recorded in ``Episode.turns[i].info["unplaced_reward"]``."""
 
 TRUNCATED_KEY = "truncated"
 """The ``info`` key of ``_step_episode`` by which an env says its own rules truncated the episode (see above)."""
+
+SOLVED_KEY = "solved"
+"""The ``info`` key of ``_step_episode`` by which an env says the task is solved (a bool; see above)."""
 
 
 class AgentOutputError(ValueError):
@@ -125,6 +132,7 @@ class EpisodeRecorder:
         self.num_tool_calls = 0
         self.num_tool_errors = 0
         self.env_truncated = False  # the env said info["truncated"] = True (must end the episode)
+        self.env_solved: bool | None = None  # the last info["solved"] the env gave
 
     def _append(
         self,
@@ -296,6 +304,13 @@ class EpisodeRecorder:
         """
         reward = _check_reward(reward, f"the step reward of turn {len(self.turns) - 1} (_step_episode)")
         self._check_truncated(info)
+        if info and SOLVED_KEY in info:
+            if not isinstance(info[SOLVED_KEY], bool):
+                raise EnvOutputError(
+                    f"_step_episode returned info[{SOLVED_KEY!r}] = {_show(info[SOLVED_KEY])} "
+                    f"({type(info[SOLVED_KEY]).__name__}); it must be a bool (whether the task is solved)."
+                )
+            self.env_solved = info[SOLVED_KEY]
         if self.env_truncated and done is not None and not done:
             raise EnvOutputError(
                 f"_step_episode returned info[{TRUNCATED_KEY!r}] = True with done=False at turn "
@@ -362,6 +377,7 @@ class EpisodeRecorder:
             num_tool_calls=self.num_tool_calls,
             num_tool_errors=self.num_tool_errors,
             tool_calls=self.tool_records,
+            solved=False if status == "error" else self.env_solved,
             env_state=None if status == "error" else env_state,
         )
         episode.check()

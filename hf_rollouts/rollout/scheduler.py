@@ -278,7 +278,8 @@ class _Engine:
         try:
             if value is START:
                 return next(live.steps)
-            if live.episode_limit and live.clock.used > live.episode_limit and not isinstance(value, BaseException):
+            over = live.episode_limit and live.clock.used > live.episode_limit and not live.clock.ending
+            if over and not isinstance(value, BaseException):
                 value = EpisodeTimeout(f"episode_timeout: the episode ran over {live.episode_limit} s")
             if isinstance(value, BaseException):
                 return live.steps.throw(value)

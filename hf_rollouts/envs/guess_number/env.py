@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..base import MultistepEnv
 from ..config import EnvConfig, EnvConfigError, option
+from ..task_data import task_int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +41,7 @@ class GuessState:
 class GuessNumberEnv(MultistepEnv):
     name = "guess_number"
     default_max_turns = 3
+    default_max_reward = 1.0  # the reward of finding the number
     config_class = GuessNumberConfig
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
@@ -53,8 +55,12 @@ class GuessNumberEnv(MultistepEnv):
         self._rng("tasks", split).shuffle(tasks)
         return tasks[:num_tasks] if num_tasks is not None else tasks[: 10 * (self.high - self.low + 1)]
 
+    def validate_task_data(self, task_data: dict[str, Any]) -> None:
+        """``target``: an int in ``[low, high]``."""
+        task_int(task_data, "target", "GuessNumberEnv", low=self.low, high=self.high)
+
     def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> GuessState:
-        return GuessState(target=int(task_data["target"]))
+        return GuessState(target=task_int(task_data, "target", "GuessNumberEnv", low=self.low, high=self.high))
 
     def _format_prompt(self, state: GuessState, step: int) -> str:
         if step == 0:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import EnvConfigError, option
+from ..task_data import task_int
 from ..tool_env import ToolEnv, ToolEnvConfig
 
 
@@ -49,6 +50,7 @@ def hidden_f(state: HiddenState, x: int) -> int:
 class HiddenFunctionEnv(ToolEnv):
     name = "hidden_function"
     default_max_turns = 4
+    default_max_reward = 1.0  # the reward of the right answer
     config_class = HiddenFunctionConfig
     tools = (hidden_f,)
 
@@ -65,8 +67,13 @@ class HiddenFunctionEnv(ToolEnv):
         tasks = tasks[:half] if split == "train" else tasks[half:]
         return tasks[:num_tasks] if num_tasks is not None else tasks
 
+    def validate_task_data(self, task_data: dict[str, Any]) -> None:
+        """``a``, ``b`` and ``x``: ints."""
+        self._initialize_episode("", task_data)
+
     def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> HiddenState:
-        return HiddenState(int(task_data["a"]), int(task_data["b"]), int(task_data["x"]))
+        a, b, x = (task_int(task_data, key, "HiddenFunctionEnv") for key in ("a", "b", "x"))
+        return HiddenState(a, b, x)
 
     def _format_prompt(self, state: HiddenState, step: int) -> str:
         if step == 0:

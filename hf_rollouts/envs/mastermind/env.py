@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..base import MultistepEnv
 from ..config import EnvConfig, EnvConfigError, option
+from ..task_data import TaskDataError, require
 
 
 def score_guess(code: list[int], guess: list[int]) -> tuple[int, int]:
@@ -60,6 +61,7 @@ class MastermindState:
 class MastermindEnv(MultistepEnv):
     name = "mastermind"
     default_max_turns = 10
+    default_max_reward = 1.0  # the reward of cracking the code (each step also says info['solved'])
     config_class = MastermindConfig
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
@@ -80,13 +82,25 @@ class MastermindEnv(MultistepEnv):
         chosen = codes[:n_eval] if split == "eval" else codes[n_eval:]
         return [{"code": c} for c in chosen[:num_tasks]]
 
-    def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> MastermindState:
-        code = [int(x) for x in task_data["code"]]
-        if len(code) != self.code_length or not all(1 <= x <= self.num_symbols for x in code):
-            raise ValueError(
-                f"task_data['code'] {code} does not fit code_length={self.code_length}, num_symbols={self.num_symbols}."
+    def validate_task_data(self, task_data: dict[str, Any]) -> None:
+        """``code``: ``code_length`` ints in ``1..num_symbols`` (all different unless ``allow_duplicates``)."""
+        self._code(task_data)
+
+    def _code(self, task_data: dict[str, Any]) -> list[int]:
+        code = require(task_data, "code", "MastermindEnv", " (a list of digits, e.g. [1, 2, 3, 4])")
+        fits = isinstance(code, (list, tuple)) and len(code) == self.code_length
+        fits = fits and all(not isinstance(x, bool) and isinstance(x, int) and 1 <= x <= self.num_symbols for x in code)
+        if not fits or (not self.allow_duplicates and len(set(code)) != len(code)):
+            raise TaskDataError(
+                "code",
+                f"MastermindEnv task_data['code'] {code!r:.80} does not fit code_length={self.code_length}, "
+                f"num_symbols={self.num_symbols}, allow_duplicates={self.allow_duplicates}: give a list of "
+                f"{self.code_length} ints from 1 to {self.num_symbols}.",
             )
-        return MastermindState(code=code)
+        return list(code)
+
+    def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> MastermindState:
+        return MastermindState(code=self._code(task_data))
 
     def _format_prompt(self, state: MastermindState, step: int) -> str:
         if step == 0:
@@ -119,7 +133,7 @@ class MastermindEnv(MultistepEnv):
                 f"Invalid guess. Give exactly {self.code_length} digits, each from 1 to {self.num_symbols}, "
                 "separated by spaces. That cost a turn."
             )
-            return state, -self.invalid_penalty, False, {"valid": False}
+            return state, -self.invalid_penalty, False, {"valid": False, "solved": False}
         black, white = score_guess(state.code, guess)
         state.history.append((guess, black, white))
         if black == self.code_length:

@@ -24,8 +24,11 @@ Mapping: the reset observation is the first user message, each step's observatio
 reward is the observation's ``reward`` (``None`` counts as 0) and ``done`` its ``done``; an observation or
 metadata ``truncated: true`` on the last step stores the episode as ``truncated``. The server's metadata
 (``openenv`` >= 0.4 sends it; ``openenv-core`` 0.3 servers drop it) goes to the turn's info. Any server
-error, a refused session or a timeout is the episode's ``error``, never a zero reward. The session is
-closed when the episode ends (or, for an episode that failed, when its state is collected).
+error, a refused session or a timeout is the episode's ``error``, never a zero reward; a timeout's message names
+the server and the setting that ran out (``message_timeout``, ``connect_timeout``). The session is closed when the
+episode ends, however it ends (done, cut by hf_rollouts' limits, a failing reset, step or reward, a time limit:
+:meth:`OpenEnvEnv._close_episode`, and the reset's own ``except``), and the close is awaited before the episode
+counts as finished, so a server with ``max_concurrent_envs`` equal to the episodes run at once never refuses one.
 
 The client is async and so are the hooks that use it (``_initialize_episode``, ``_step_episode``): the engine
 awaits them on its event loop, where thousands of waiting sessions cost no threads.
@@ -38,13 +41,11 @@ from __future__ import annotations
 
 import json
 import numbers
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ...rollout.aio import ENGINE_LOOP
 from ..base import MultistepEnv
 from ..config import EnvConfig, option
 from ..external import import_optional, package_version
@@ -78,18 +79,16 @@ class OpenEnvEpisode:
     message: str = ""
     done: bool = False
     last_observation: dict = field(default_factory=dict)
-    closer: Any = field(default=None, repr=False)
 
 
 async def _close(client: Any) -> None:
+    """Close a session: the client says ``close`` and waits for the server's close handshake, which the server
+    sends after it has destroyed the session (openenv-core's ``/ws`` handler). Best effort: a session whose socket
+    is already gone is gone on the server too."""
     try:
         await client.close()
-    except Exception:  # pragma: no cover - best effort, the server also drops a session whose socket closes
+    except Exception:  # pragma: no cover - the server also drops a session whose socket closes
         pass
-
-
-def _finalize(client: Any) -> None:
-    ENGINE_LOOP.submit(_close(client))
 
 
 class OpenEnvEnv(MultistepEnv):
@@ -107,8 +106,18 @@ class OpenEnvEnv(MultistepEnv):
         try:
             return await coro
         except Exception as exc:
-            text = f"{type(exc).__name__}: {exc}"
+            text = f"{type(exc).__name__}: {exc}".rstrip(": ")
             hint = ""
+            if isinstance(exc, TimeoutError):  # the client's asyncio.wait_for on one answer
+                hint = (
+                    f" No answer within message_timeout={self.config.message_timeout:g} s: is the server frozen or "
+                    "overloaded? Raise env_config['message_timeout'] if its steps are that slow."
+                )
+            elif "timed out" in text:  # websockets' opening handshake
+                hint = (
+                    f" No session within connect_timeout={self.config.connect_timeout:g} s: is the server up and "
+                    "reachable? Raise env_config['connect_timeout'] if it is slow to accept."
+                )
             # a server at capacity answers CAPACITY_REACHED and closes the socket; the close can arrive first
             if "CAPACITY_REACHED" in text or (what == "reset" and "ConnectionClosed" in text):
                 hint = (
@@ -138,13 +147,16 @@ class OpenEnvEnv(MultistepEnv):
         c = self.config
         client = self.client_class(base_url=c.base_url, connect_timeout_s=c.connect_timeout,
                                    message_timeout_s=c.message_timeout)  # fmt: skip
-        episode = OpenEnvEpisode(client=client)
-        episode.closer = weakref.finalize(episode, _finalize, client)
-        result = await self._call(client.reset(**{**(c.reset_kwargs or {}), **dict(task_data or {})}), "reset")
-        if result.done:
-            raise RuntimeError(f"OpenEnv server {c.base_url}: reset returned done=True; there is nothing to play.")
-        episode.last_observation = dict(result.observation or {})
-        episode.message = self.observation_text(result.observation)
+        try:
+            result = await self._call(client.reset(**{**(c.reset_kwargs or {}), **dict(task_data or {})}), "reset")
+            if result.done:
+                raise RuntimeError(f"OpenEnv server {c.base_url}: reset returned done=True; there is nothing to play.")
+            episode = OpenEnvEpisode(client=client)
+            episode.last_observation = dict(result.observation or {})
+            episode.message = self.observation_text(result.observation)
+        except BaseException:  # no episode state: _close_episode will not be called, so close the session here
+            await _close(client)
+            raise
         return episode
 
     def _format_prompt(self, state: OpenEnvEpisode, step: int) -> str:
@@ -170,20 +182,15 @@ class OpenEnvEnv(MultistepEnv):
             state.done = True
             truncated = metadata.get("truncated", observation.get("truncated", False))
             info["truncated"] = truncated is True
-            await _close(state.client)
-            state.closer.detach()
             return state, float(reward), True, info
         state.message = self.observation_text(observation)
         return state, float(reward), False, info
 
-    async def _calculate_reward(self, state: OpenEnvEpisode, step_rewards: list[float]) -> float:
-        """The sum of the step rewards; closes the session of an episode hf_rollouts ended first (its
-        ``max_turns``, a token budget), so the server's slot is free for the next episode at once."""
-        if not state.done:
-            state.done = True
-            await _close(state.client)
-            state.closer.detach()
-        return float(sum(step_rewards))
+    async def _close_episode(self, session_id: str, state: OpenEnvEpisode) -> None:
+        """Close the episode's session, however the episode ended (the engine calls this once per episode and
+        awaits it before the episode's slot is given to the next one)."""
+        state.done = True
+        await _close(state.client)
 
     # -- tasks ------------------------------------------------------------------
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:

@@ -14,7 +14,9 @@ from that verifier.
 every episode as ``create_dataset(dataset, **dataset_config, seed=seed, size=size)[index]``. Entries are
 never stored: they hold Python objects (tuples, sets, grids) that a JSON round trip through a dataset
 changes, after which ``score_answer`` scores even the right answer wrong (ARC-AGI scores its own answer
-0.05 after one). A recipe without a seed is refused (reasoning-gym would pick a random one).
+0.05 after one). A recipe without a seed (or with a seed, size or index that is not an int in range) is
+refused before any episode runs (:meth:`ReasoningGymEnv.validate_task_data`; reasoning-gym would pick a random
+seed).
 
 Train and eval tasks come from one seed each (derived from ``env_config["seed"]`` and the dataset
 name), ``2**30`` apart, so their entries (generated from ``Random(seed + index)``) never share a seed.
@@ -30,10 +32,13 @@ scores 0 (a format failure is the model's). An exception from reasoning-gym's co
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
 import threading
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +47,7 @@ from transformers import PreTrainedTokenizerBase
 from ..base import MultistepEnv
 from ..config import EnvConfig, EnvConfigError, option
 from ..external import import_optional, package_version
+from ..task_data import task_int
 
 PROMPT_STYLES = ("default", "DeepSeekZero", "simple", "direct", "chain_of_draft", "none")
 """Keys of ``reasoning_gym.utils.SYSTEM_PROMPTS`` (reasoning-gym 0.1.25), and ``none`` for no system prompt."""
@@ -89,7 +95,42 @@ HOOKS_LOCK = threading.Lock()
 def _dataset(name: str, config_json: str, seed: int, size: int) -> Any:
     """One reasoning-gym dataset object per recipe (entries are generated on demand, deterministically)."""
     rg = import_reasoning_gym()
-    return rg.create_dataset(name, **json.loads(config_json), seed=seed, size=size)
+    return rg.create_dataset(name, **config_kwargs(name, json.loads(config_json)), seed=seed, size=size)
+
+
+def config_kwargs(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    """``dataset_config`` (JSON: dicts and lists) as the keyword arguments dataset ``name``'s config class expects:
+    a dict given for a dataclass-typed field becomes that dataclass (arc_agi's and rearc's ``board_format_opts``,
+    a ``BoardFormattingOptions``), a list of dicts for a ``list[dataclass]`` field a list of them (composite's
+    ``datasets``, ``DatasetSpec`` objects, as its ``from_yaml`` builds them), and each composite member's own ``config``
+    is built the same way for its dataset. A list given for a ``tuple`` field becomes a tuple (JSON has none)."""
+    from reasoning_gym.factory import DATASETS
+
+    config_class = DATASETS[name][1] if name in DATASETS else None
+    if config_class is None or not dataclasses.is_dataclass(config_class):
+        return dict(config)
+    hints = typing.get_type_hints(config_class)
+    return {key: _typed(hints.get(key), value) for key, value in config.items()}
+
+
+def _typed(tp: Any, value: Any) -> Any:
+    """``value`` built as type ``tp`` where JSON cannot carry it (a dataclass, a list of them, a tuple)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        built = [a for a in args if a is not type(None)]
+        return _typed(built[0], value) if len(built) == 1 else value
+    if isinstance(value, dict) and dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        built = tp(**{k: _typed(hints.get(k), v) for k, v in value.items()})
+        member = getattr(built, "name", None)  # composite's DatasetSpec: its config is its dataset's
+        if isinstance(member, str) and isinstance(getattr(built, "config", None), dict):
+            built.config = config_kwargs(member, built.config)
+        return built
+    if isinstance(value, list) and origin is list and args:
+        return [_typed(args[0], v) for v in value]
+    if isinstance(value, list) and origin is tuple:
+        return tuple(value)
+    return value
 
 
 @dataclass
@@ -104,24 +145,18 @@ class ReasoningGymEpisode:
 
 
 def _recipe(task_data: dict[str, Any]) -> dict[str, int]:
-    if not isinstance(task_data, dict):
-        raise TypeError(f"task_data must be a dict, got {type(task_data).__name__}.")
-    missing = [k for k in ("seed", "size", "index") if k not in task_data]
-    if missing:
-        raise ValueError(
-            f"ReasoningGymEnv task_data is a recipe {{'seed', 'size', 'index'}}; missing {missing} (got keys "
-            f"{sorted(task_data)}). Make tasks with ReasoningGymEnv(...).get_train_dataset(); a recipe needs an "
-            "explicit seed (reasoning-gym would pick a random one)."
-        )
-    recipe = {}
-    for key in ("seed", "size", "index"):
-        value = task_data[key]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"ReasoningGymEnv task_data[{key!r}] must be an int, got {value!r}.")
-        recipe[key] = value
-    if recipe["size"] < 1 or not 0 <= recipe["index"] < recipe["size"] or recipe["seed"] < 0:
-        raise ValueError(f"ReasoningGymEnv task_data {recipe} needs seed >= 0, size >= 1 and 0 <= index < size.")
-    return recipe
+    """The recipe ``{seed, size, index}`` of ``task_data``; :class:`TaskDataError` naming the key that is missing, not
+    an int, or out of range."""
+    hint = (
+        " (a recipe {'seed', 'size', 'index'}: make tasks with ReasoningGymEnv(...).get_train_dataset(); a recipe "
+        "needs an explicit seed, else reasoning-gym would pick a random one)"
+    )
+    size = task_int(task_data, "size", "ReasoningGymEnv", low=1, hint=hint)
+    return {
+        "seed": task_int(task_data, "seed", "ReasoningGymEnv", low=0, hint=hint),
+        "size": size,
+        "index": task_int(task_data, "index", "ReasoningGymEnv", low=0, high=size - 1, hint=hint),
+    }
 
 
 class ReasoningGymEnv(MultistepEnv):
@@ -164,6 +199,10 @@ class ReasoningGymEnv(MultistepEnv):
         return _dataset(self.config.dataset, self._config_json, recipe["seed"], recipe["size"])
 
     # -- hooks ------------------------------------------------------------------
+    def validate_task_data(self, task_data: dict[str, Any]) -> None:
+        """The recipe's ``seed``, ``size`` and ``index``: present, ints, ``seed >= 0``, ``0 <= index < size``."""
+        _recipe(task_data)
+
     def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> ReasoningGymEpisode:
         recipe = _recipe(task_data)
         entry = self.dataset_of(recipe)[recipe["index"]]
@@ -191,7 +230,12 @@ class ReasoningGymEnv(MultistepEnv):
             raise TypeError(f"reasoning-gym {self.config.dataset}.score_answer returned {score!r}, not a finite number")
         score = float(score)
         state.attempts += 1
-        info = {"score": score, "answer": answer, "attempt": state.attempts}
+        info = {
+            "score": score,
+            "answer": answer,
+            "attempt": state.attempts,
+            "solved": score >= self.config.success_score,
+        }
         left = self.config.max_attempts - state.attempts
         if score >= self.config.success_score or left <= 0:
             state.done = True

@@ -27,7 +27,9 @@ why they ended: one that ends on its own last turn (``env.turns >= env.max_turns
 ``turn_limit_truncates: false`` to store every ending as ``done``. ``postprocessed_action`` is not
 applied (the stored tokens stay as sampled) but recorded in the turn's info. Sampling stops on
 strings as SkyRL configs do with ``--stop '</answer>'`` (:class:`~hf_rollouts.agents.sampling.SamplingConfig`).
-An exception from the env is the episode's ``error``, never a zero reward.
+An exception from the env is the episode's ``error``, never a zero reward. Each episode's SkyRL env is closed
+(``env.close()``) when the episode ends, however it ends (:meth:`SkyRLGymEnv._close_episode`; an ``init`` that
+raises closes it at once).
 
 Offline here (SkyRL-gym 0.4.0): ``gsm8k``, ``gsm8k_multi_turn``, ``aime``, ``lcb`` (runs the model's code
 in a subprocess of this machine, with SkyRL's time limits and no other sandbox) and ``text2sql`` (a
@@ -38,8 +40,7 @@ from __future__ import annotations
 
 import copy
 import numbers
-import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -47,6 +48,7 @@ from transformers import PreTrainedTokenizerBase
 from ..base import MultistepEnv
 from ..config import EnvConfig, EnvConfigError, option
 from ..external import import_optional, package_version
+from ..task_data import TaskDataError, require
 
 DEFAULT_EMPTY_OBSERVATION = "(The environment returned no message. Continue.)"
 
@@ -91,7 +93,6 @@ class SkyRLEpisode:
     system: str | None
     message: str
     done: bool = False
-    closer: Any = field(default=None, repr=False)
 
 
 def _jsonable(metadata: Any) -> dict[str, Any]:
@@ -100,17 +101,24 @@ def _jsonable(metadata: Any) -> dict[str, Any]:
     return {str(k): v for k, v in metadata.items() if isinstance(v, (str, int, float, bool, type(None)))}
 
 
-def _close(env: Any) -> None:
-    try:
-        env.close()
-    except Exception:  # pragma: no cover - closing must never fail an episode or a finalizer
-        pass
-
-
 SAFE_ENV_CLASSES = frozenset({"gsm8k", "gsm8k_multi_turn", "aime"})
 """SkyRL envs that only compare text. The others run the model's output (``lcb``, ``searchcode``: Python in a
 subprocess; ``text2sql``: SQL on a local database file that the task row names) or send it to a service
-(``search``): a task row may name them only when the caller allows their module, as for any code."""
+(``search``); an env you registered with ``skyrl_gym.register`` runs your code: a task row may name them only when
+the caller allows their module (:func:`entry_module`), as for any code."""
+
+
+def entry_module(env_class: str) -> str:
+    """The module holding the code of skyrl_gym registry id ``env_class``: its entry point's module (a
+    ``"module:Class"`` string's module, or a registered class's or function's ``__module__``). An id not registered
+    (or no skyrl_gym installed) gives ``skyrl_gym.envs.<id>``; building that env then fails, saying so."""
+    try:
+        spec = import_skyrl_gym().registry.get(env_class)
+    except ImportError:
+        spec = None
+    entry = getattr(spec, "entry_point", None)
+    module = entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
+    return module or f"skyrl_gym.envs.{env_class}"
 
 
 class SkyRLGymEnv(MultistepEnv):
@@ -120,11 +128,13 @@ class SkyRLGymEnv(MultistepEnv):
 
     @classmethod
     def modules_to_import(cls, env_config: dict[str, Any]) -> list[str]:
-        """``skyrl_gym.envs.<id>`` for an env that runs the model's output or calls a service (see
-        :data:`SAFE_ENV_CLASSES`): allowed with ``allowed_env_modules=["skyrl_gym.envs.lcb"]`` (CLI
-        ``--allow-env-module``; ``--env skyrl:lcb`` allows what it names)."""
+        """The module whose code plays ``env_class``, for every env but :data:`SAFE_ENV_CLASSES`: the module of its
+        registry entry point (:func:`entry_module`), e.g. ``skyrl_gym.envs.lcb.env``, ``skyrl_gym.envs.sql.env``
+        (``text2sql``), or the module of an env you registered with ``skyrl_gym.register``. Allowed by prefix:
+        ``allowed_env_modules=["skyrl_gym.envs.lcb"]``, ``["my_envs"]`` (CLI ``--allow-env-module``; ``--env
+        skyrl:lcb`` allows what it names)."""
         name = env_config.get("env_class")
-        return [f"skyrl_gym.envs.{name}"] if isinstance(name, str) and name not in SAFE_ENV_CLASSES else []
+        return [entry_module(name)] if isinstance(name, str) and name not in SAFE_ENV_CLASSES else []
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer, env_config)
@@ -139,20 +149,37 @@ class SkyRLGymEnv(MultistepEnv):
         self._env_config = OmegaConf.create(self.config.skyrl_env_config or {})
 
     # -- hooks ------------------------------------------------------------------
-    def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> SkyRLEpisode:
-        if not isinstance(task_data, dict) or "prompt" not in task_data:
-            raise ValueError(
-                "SkyRLGymEnv task_data is one SkyRL dataset row {'prompt': [messages], 'extras': {...}} "
-                f"(hf_rollouts.envs.skyrl.skyrl_task); got {task_data!r:.120}."
+    def validate_task_data(self, task_data: dict[str, Any]) -> None:
+        """A SkyRL row: ``prompt`` a non-empty list of ``{role, content}`` text messages, ``extras`` a dict if given."""
+        hint = " (one SkyRL dataset row {'prompt': [messages], 'extras': {...}}: hf_rollouts.envs.skyrl.skyrl_task)"
+        prompt = require(task_data, "prompt", "SkyRLGymEnv", hint)
+        if (
+            not isinstance(prompt, list)
+            or not prompt
+            or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in prompt
             )
+        ):
+            raise TaskDataError("prompt", f"SkyRLGymEnv task_data['prompt'] must be a non-empty list of "
+                                f"{{'role': str, 'content': str}} messages, got {prompt!r:.120}.")  # fmt: skip
+        if not isinstance(task_data.get("extras") or {}, dict):
+            raise TaskDataError(
+                "extras", f"SkyRLGymEnv task_data['extras'] must be a dict, got {task_data['extras']!r:.80}."
+            )
+
+    def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> SkyRLEpisode:
+        self.validate_task_data(task_data)
         extras = copy.deepcopy(task_data.get("extras") or {})
         extras["max_turns"] = self.max_turns  # as SkyRL's generator does
         env = self.gym.make(self.config.env_class, env_config=self._env_config, extras=extras)
-        episode = SkyRLEpisode(env=env, system=None, message="")
-        episode.closer = weakref.finalize(episode, _close, env)  # closed at the end, or when an errored episode goes
-        prompt, _ = env.init(copy.deepcopy(list(task_data["prompt"])))
-        episode.system, episode.message = self._opening(prompt)
-        return episode
+        try:
+            prompt, _ = env.init(copy.deepcopy(list(task_data["prompt"])))
+            system, message = self._opening(prompt)
+        except BaseException:  # no episode state: _close_episode will not be called, so close it here
+            env.close()
+            raise
+        return SkyRLEpisode(env=env, system=system, message=message)
 
     def _opening(self, prompt: Any) -> tuple[str | None, str]:
         messages = list(prompt or [])
@@ -192,16 +219,15 @@ class SkyRLGymEnv(MultistepEnv):
             turns, limit = getattr(state.env, "turns", None), getattr(state.env, "max_turns", None)
             if self.config.turn_limit_truncates and isinstance(turns, int) and isinstance(limit, int) and turns > 0:
                 info["truncated"] = turns >= limit
-            state.closer()
             return state, float(reward), True, info
         contents = [str(m.get("content", "")) for m in out["observations"] or [] if isinstance(m, dict)]
         state.message = "\n".join(c for c in contents if c) or self.config.empty_observation
         return state, float(reward), False, info
 
-    def _calculate_reward(self, state: SkyRLEpisode, step_rewards: list[float]) -> float:
-        """The sum of the step rewards; closes the SkyRL env of an episode hf_rollouts ended first."""
-        state.closer()  # a finalizer runs once: a no-op after a done step
-        return float(sum(step_rewards))
+    def _close_episode(self, session_id: str, state: SkyRLEpisode) -> None:
+        """Close the episode's SkyRL env, however the episode ended (a failing step included)."""
+        state.done = True
+        state.env.close()
 
     # -- tasks --------------------------------------------------------------------
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:

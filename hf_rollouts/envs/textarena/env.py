@@ -74,6 +74,7 @@ from transformers import PreTrainedTokenizerBase
 from ..base import MultistepEnv
 from ..config import EnvConfig, option
 from ..external import package_version
+from ..task_data import task_int
 
 INSTALL_HINT = 'pip install "hf_rollouts[textarena]"'
 
@@ -199,6 +200,7 @@ class TextArenaEpisode:
 class TextArenaEnv(MultistepEnv):
     name = "textarena"
     default_max_turns = 100
+    default_max_reward = 1.0  # TextArena's reward of a won game
     config_class = TextArenaConfig
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, env_config: dict[str, Any] | None = None) -> None:
@@ -294,10 +296,12 @@ class TextArenaEnv(MultistepEnv):
         )
 
     # -- hooks ------------------------------------------------------------------
+    def validate_task_data(self, task_data: dict[str, Any]) -> None:
+        """``seed``: an int (the game's seed)."""
+        task_int(task_data, "seed", "TextArenaEnv")
+
     def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> TextArenaEpisode:
-        if "seed" not in task_data:
-            raise ValueError(f"task_data for TextArenaEnv needs a 'seed' (int), got keys {sorted(task_data)}.")
-        episode = TextArenaEpisode(seed=int(task_data["seed"]))
+        episode = TextArenaEpisode(seed=task_int(task_data, "seed", "TextArenaEnv"))
         self._new_game(episode)
         return episode
 

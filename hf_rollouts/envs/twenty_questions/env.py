@@ -29,6 +29,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..base import MultistepEnv
 from ..config import EnvConfig, EnvConfigError, option
+from ..task_data import TaskDataError, require
 from .knowledge import Gamemaster, KnowledgeBase, KnowledgeBaseGamemaster
 
 GAMEMASTERS = ("knowledge_base", "agent")
@@ -117,14 +118,22 @@ class TwentyQuestionsEnv(MultistepEnv):
         chosen = objects[:n_eval] if split == "eval" else objects[n_eval:]
         return [{"solution": o} for o in chosen[:num_tasks]]
 
-    def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> TwentyQuestionsState:
-        solution = str(task_data["solution"]).strip().lower()
-        if solution not in self.kb.objects:
-            raise ValueError(
-                f"task_data['solution'] {solution!r} is not in the knowledge base; "
-                "use an object from KnowledgeBase.load().basic or .hardcore."
+    def validate_task_data(self, task_data: dict[str, Any]) -> None:
+        """``solution``: a string naming an object of the knowledge base."""
+        self._solution(task_data)
+
+    def _solution(self, task_data: dict[str, Any]) -> str:
+        solution = require(task_data, "solution", "TwentyQuestionsEnv", " (an object, e.g. 'clock')")
+        if not isinstance(solution, str) or solution.strip().lower() not in self.kb.objects:
+            raise TaskDataError(
+                "solution",
+                f"task_data['solution'] {solution!r:.80} is not in the knowledge base; "
+                "use an object from KnowledgeBase.load().basic or .hardcore.",
             )
-        return TwentyQuestionsState(solution=solution)
+        return solution.strip().lower()
+
+    def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> TwentyQuestionsState:
+        return TwentyQuestionsState(solution=self._solution(task_data))
 
     def _format_prompt(self, state: TwentyQuestionsState, step: int) -> str:
         if step == 0:
@@ -146,10 +155,11 @@ class TwentyQuestionsEnv(MultistepEnv):
             if guess == state.solution:
                 state.found = True
                 state.last_message = f"Yes! It is {guess}. You found it."
-                return state, self.win_reward, True, {"kind": "guess", "guess": guess, "correct": True}
+                return state, self.win_reward, True, {"kind": "guess", "guess": guess, "correct": True, "solved": True}
             state.last_message = f"No, it is not {guess}. Ask another question."
-            return state, self.wrong_guess_reward, False, {"kind": "guess", "guess": guess, "correct": False}
+            info = {"kind": "guess", "guess": guess, "correct": False, "solved": False}
+            return state, self.wrong_guess_reward, False, info
         answer = self.gamemaster.answer(action, state.solution)
         state.questions.append((action, answer))
         state.last_message = answer
-        return state, self.question_reward, False, {"kind": "question", "answer": answer}
+        return state, self.question_reward, False, {"kind": "question", "answer": answer, "solved": False}

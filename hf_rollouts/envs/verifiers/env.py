@@ -31,9 +31,10 @@ its natural end); verifiers' ``timeout_seconds`` is not applied (use ``episode_t
 ``max_new_tokens`` reaches verifiers as a whole response (the cut is in our ``num_cut_turns``). verifiers checks its
 turn limit before ``env_response`` sees the last answer, so an episode ended by the limit is ``truncated`` even when
 the rubric then scores that last answer as right. An episode hf_rollouts ends first (its ``max_turns``,
-``max_episode_tokens``, a tool limit) is ``truncated`` too, cleaned up (verifiers' ``cleanup``, as its own rollout
-does in ``finally``) and scored by the rubric like any other; that score reaches its last agent turn through the
-group step (:meth:`_calculate_group_rewards`).
+``max_episode_tokens``, a tool limit) is ``truncated`` too, cleaned up and scored by the rubric like any other; that
+score reaches its last agent turn through the group step (:meth:`_calculate_group_rewards`). Every episode is
+cleaned up (verifiers' ``cleanup``) exactly once, however it ends, as verifiers' own rollout does in ``finally``: a
+failing setup, step, tool call or reward, or a time limit included (:meth:`VerifiersEnv._close_episode`).
 
 Tool environments (``ToolEnv``, ``StatefulToolEnv``, and others that declare ``tool_defs``): the env's tool
 definitions are rendered into the first prompt (``tools=`` of the chat template), the agent's calls are parsed from
@@ -70,6 +71,7 @@ from ...types import ToolCall, ToolResult
 from ..base import MultistepEnv
 from ..config import EnvConfig, option
 from ..external import import_optional, package_version
+from ..task_data import TaskDataError, require
 
 _REWARD_ERRORS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("hfr_vf_reward_errors", default=None)
 TRUNCATING_STOPS = frozenset({"max_turns_reached", "timeout_reached", "prompt_too_long"})
@@ -172,6 +174,7 @@ class VerifiersEpisode:
     done: bool = False
     ended_at_tools: bool = False  # verifiers completed the episode on a tool-calling turn
     cut: bool = False  # hf_rollouts ended it before verifiers did: scored in the group step
+    cleaned: bool = False  # verifiers' cleanup ran for it
 
 
 class VerifiersEnv(MultistepEnv):
@@ -208,15 +211,32 @@ class VerifiersEnv(MultistepEnv):
         return [Tool(_schema(d), _run_by_verifiers) for d in defs] or None
 
     # -- hooks ------------------------------------------------------------------
+    def validate_task_data(self, task_data: dict[str, Any]) -> None:
+        """A row of the env's dataset: ``prompt`` (messages, or text) present, as ``init_state`` reads it."""
+        prompt = require(task_data, "prompt", "VerifiersEnv", " (a row of the env's dataset: get_train_dataset())")
+        if not isinstance(prompt, (list, str)) or not prompt:
+            raise TaskDataError("prompt", f"VerifiersEnv task_data['prompt'] must be a non-empty list of messages "
+                                f"(or text), got {prompt!r:.120}.")  # fmt: skip
+
     async def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> VerifiersEpisode:
         env, vf, row = self.vf_env, self.vf, dict(task_data)
         row.setdefault("example_id", 0)
         state = await env.init_state(row, client=vf.ClientConfig(), model=self.config.model_name)
-        try:
-            state = await env.setup_state(state) or state
-        except vf.Error as exc:
-            state["error"] = exc
         episode = VerifiersEpisode(state=state)
+        try:
+            return await self._open(episode)
+        except BaseException:  # no episode state: _close_episode will not be called, so clean up here
+            await self._cleanup(episode)
+            raise
+
+    async def _open(self, episode: VerifiersEpisode) -> VerifiersEpisode:
+        """Set up the state verifiers' ``init_state`` made and read the first prompt."""
+        env, vf = self.vf_env, self.vf
+        try:
+            episode.state = await env.setup_state(episode.state) or episode.state
+        except vf.Error as exc:
+            episode.state["error"] = exc
+        state = episode.state
         self._raise_error(state)
         if await env.is_completed(state):
             raise RuntimeError(f"verifiers env {self.config.env_id!r} completed before the first turn.")
@@ -273,7 +293,7 @@ class VerifiersEnv(MultistepEnv):
                 return episode, 0.0, False, {}
         episode.done = True
         self._raise_error(state)
-        await env.cleanup(state)
+        await self._cleanup(episode)
         reward = 0.0 if self.group_scored else await self._score_rollout(state)
         stop = state.get("stop_condition")
         single_turn = stop == "max_turns_reached" and getattr(env, "max_turns", 0) == 1  # its natural end
@@ -323,8 +343,19 @@ class VerifiersEnv(MultistepEnv):
         scored in :meth:`_calculate_group_rewards`, which places the score on its last agent turn)."""
         if not episode.done:
             episode.done = episode.cut = True
-            await self.vf_env.cleanup(episode.state)
+            await self._cleanup(episode)
         return float(sum(step_rewards))
+
+    async def _cleanup(self, episode: VerifiersEpisode) -> None:
+        """verifiers' ``cleanup`` of the episode's state, once."""
+        if not episode.cleaned:
+            episode.cleaned = True
+            await self.vf_env.cleanup(episode.state)
+
+    async def _close_episode(self, session_id: str, episode: VerifiersEpisode) -> None:
+        """verifiers' ``cleanup`` for an episode that ended before it ran (a failing step, tool call or reward, a time
+        limit); a no-op for one that was cleaned up on its last step."""
+        await self._cleanup(episode)
 
     async def _calculate_group_rewards(
         self, task_data: dict[str, Any], episodes: list[Any], final_rewards: list[float]
