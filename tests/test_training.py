@@ -354,7 +354,7 @@ def test_collator_works_with_dataloader_and_accelerate():
     for a, b in zip(plain, batches):
         for key in a:
             assert torch.equal(a[key], b[key].cpu()), key
-    assert batches[0]["loss_mask"].device == accelerator.device
+    assert batches[0]["loss_mask"].device.type == accelerator.device.type  # cuda:0 is cuda: compare kinds
 
 
 # --------------------------------------------------------------------------- log-probs and loss
@@ -379,14 +379,16 @@ def test_token_logprobs_match_the_sampling_logprobs(real_batch, tiny):
     model, batch = real_batch
     mask = batch["loss_mask"].bool()
     assert mask.sum() > 0 and (batch["input_ids"].shape[1] > batch["attention_mask"].sum(1)).any()  # padded batch
-    with torch.no_grad():
+    with torch.no_grad():  # a CPU batch, the model wherever the agent put it: token_logprobs moves the batch
         lp = token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature=0.7)
+    assert lp.device == model.device
+    lp = lp.cpu()
     torch.testing.assert_close(lp[mask], batch["old_logprobs"][mask], atol=1e-4, rtol=1e-4)
     assert (lp[:, 0] == 0).all() and (lp[batch["attention_mask"] == 0] == 0).all()
     # position t = log_softmax(logits(ids[:t]) / T)[ids[t]], computed by hand for one agent token
     i, t = (int(x) for x in mask.nonzero()[0])
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"][i : i + 1, :t]).logits[0, -1]
+        logits = model(input_ids=batch["input_ids"][i : i + 1, :t].to(model.device)).logits[0, -1].cpu()
     assert lp[i, t].item() == pytest.approx(
         torch.log_softmax(logits / 0.7, -1)[batch["input_ids"][i, t]].item(), abs=1e-5
     )
@@ -394,6 +396,7 @@ def test_token_logprobs_match_the_sampling_logprobs(real_batch, tiny):
 
 def test_gradient_is_exactly_zero_outside_agent_tokens(real_batch):
     model, batch = real_batch
+    batch = {k: v.to(model.device) for k, v in batch.items()}  # as a training loop does
     mask = batch["loss_mask"].bool()
     captured = {}
 

@@ -257,7 +257,7 @@ def recompute_gap(model, columns: dict, temperature: float) -> float:
     worst = 0.0
     with torch.no_grad():
         for ids, mask, _, lps in _rollouts(columns):
-            new = token_logprobs(model, torch.tensor([ids]), temperature=temperature)[0]
+            new = token_logprobs(model, torch.tensor([ids]), temperature=temperature)[0].cpu()
             agent = torch.tensor(mask).bool()
             worst = max(worst, (new[agent] - torch.tensor(lps)[agent]).abs().max().item())
     return worst
@@ -367,7 +367,7 @@ def test_cli_processed_logprobs_recompute_with_token_logprobs(vllm_server, proxy
     with torch.no_grad():
         for row in prepared.dataset:
             ids = torch.tensor([row["input_ids"]])
-            new = token_logprobs(model, ids, temperature=TEMPERATURE, convention=prepared.logprob_convention)[0]
+            new = token_logprobs(model, ids, temperature=TEMPERATURE, convention=prepared.logprob_convention)[0].cpu()
             agent = torch.tensor(row["agent_mask"]).bool()
             worst = max(worst, (new[agent] - torch.tensor(row["old_logprobs"])[agent]).abs().max().item())
     print(f"\nCLI --logprobs-mode processed: recomputed log-prob gap {worst:.2e}")
@@ -462,7 +462,7 @@ def test_cli_model_vllm_runs_in_process_and_records_its_convention(vllm_agent_ru
     model = small[1]
     with torch.no_grad():
         for row in prepared.dataset:
-            new = token_logprobs(model, torch.tensor([row["input_ids"]]), temperature=0.8)[0]
+            new = token_logprobs(model, torch.tensor([row["input_ids"]]), temperature=0.8)[0].cpu()
             agent = torch.tensor(row["agent_mask"]).bool()
             torch.testing.assert_close(new[agent], torch.tensor(row["old_logprobs"])[agent], rtol=0, atol=2e-5)
 

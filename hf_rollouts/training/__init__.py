@@ -42,7 +42,7 @@ from .advantages import ADVANTAGE_MODES, DROP_REASONS, RolloutFilter, RolloutFil
 from .collate import RolloutCollator
 from .convention import check_logprob_convention, read_logprob_convention
 from .data import FLAT_FEATURES, PreparedRollouts, load_rollouts, prepare_rollouts
-from .loss import grpo_loss, token_logprobs
+from .loss import grpo_loss, model_device, token_logprobs
 
 __all__ = [
     "ADVANTAGE_MODES",
@@ -55,6 +55,7 @@ __all__ = [
     "check_logprob_convention",
     "group_advantages",
     "grpo_loss",
+    "model_device",
     "load_rollouts",
     "prepare_rollouts",
     "read_logprob_convention",
