@@ -484,6 +484,8 @@ def test_vllm_spec_without_vllm_says_how_to_set_it_up(tmp_path):
         VLLMSettings(model="m", engine_kwargs={"dtype": "float16"})
     with pytest.raises(ValueError, match="top_p=0.9"):  # refused before anything is loaded
         VLLMAgent(model="m", logprobs_mode="processed", sampling=SamplingConfig(top_p=0.9))
+    with pytest.raises(ValueError, match="top_k=5"):  # vLLM's processed log-probs are after top-k too
+        VLLMAgent(model="m", logprobs_mode="processed", sampling=SamplingConfig(top_k=5))
     if vllm_installed():
         pytest.skip("vLLM is installed in this Python: the missing-vLLM message cannot be shown")
     with pytest.raises(VLLMUnavailableError, match=r"bash scripts/setup_vllm\.sh"):

@@ -7,8 +7,9 @@ so the environment stores what the model really produced.
 Log-probability convention: ``log_softmax(logits / temperature)`` of the sampled
 id, before top-p filtering — the quantity a PPO/GRPO trainer recomputes for the
 importance ratio. With ``temperature == 0`` (greedy) the logits are not scaled.
-The ``continuous`` backend reports transformers' own log-probabilities; at
-temperature 1 both backends match a teacher-forced forward pass (tested).
+The ``continuous`` backend reports transformers' own log-probabilities, which
+are taken after top-p/top-k: it is refused with either; with both off, the two backends match a
+teacher-forced forward pass (tested).
 
 Seeds: the ``generate`` backend samples each request from a random stream of its own
 (:mod:`.sampler`), keyed by ``request.seed`` (the pipeline derives it from run seed, task row,
@@ -105,6 +106,14 @@ class TransformersAgent(Agent):
         if cache != "auto" and cache not in CACHE_KINDS:
             raise ValueError(f"cache must be 'auto' or one of {CACHE_KINDS}, got {cache!r}")
         self.sampling = sampling or SamplingConfig(**sampling_kwargs)
+        s = self.sampling
+        if backend == "continuous" and s.temperature > 0 and (s.top_p < 1 or s.top_k):
+            raise ValueError(
+                f"backend='continuous' with top_p={s.top_p:g}, top_k={s.top_k}: transformers' continuous batching "
+                "reports log-probabilities after top-p/top-k (renormalised over the ids they keep), not the "
+                "log_softmax(logits / temperature) hf_rollouts stores and training recomputes. Use the generate "
+                "backend (it samples with top-p and top-k and stores the full-softmax log-probs), or top_p=1, top_k=0."
+            )
         self.device = torch.device(device) if device is not None else process_state().device
         self.cache_kind = default_cache_kind(self.device) if cache == "auto" else cache
         self.seed, self.backend = seed, backend
