@@ -483,3 +483,29 @@ def test_grpo_raises_the_toy_reward_across_seeds(tmp_path):
     improvements = [e - s for s, e in zip(starts, ends)]
     assert all(d > 0.3 for d in improvements), (starts, ends)  # every seed, by a wide margin
     assert statistics.fmean(improvements) > 2 * statistics.pstdev(starts) + 0.3, (starts, ends)
+
+
+def test_logprob_gap_is_float32_rounding_for_a_float32_run_and_sees_a_shifted_token(tiny, tmp_path):
+    """The sampler-trainer agreement report: ~1e-6 for the generate backend in float32, and a stored log-prob off by
+    0.5 on one token shows up as that max and as 0.5 / tokens more in the mean."""
+    from hf_rollouts.agents.hf import TransformersAgent
+    from hf_rollouts.training import logprob_gap
+
+    model, tok = tiny
+    agent = TransformersAgent(model, tok, temperature=0.7, max_new_tokens=5, seed=0)
+    tasks = GuessNumberEnv(tok, {"low": 1, "high": 3, "max_turns": 2}).get_train_dataset(3)
+    rows = prepare_rollouts(generate_rollouts(tasks, agent, 2, seed=1, cache_dir=tmp_path, progress=False),
+                            flatten=True, drop_constant_groups=False).dataset  # fmt: skip
+    gap = logprob_gap(model, rows, tok.pad_token_id, 0.7, batch_size=4)
+    tokens = sum(sum(m) for m in rows["agent_mask"])
+    assert gap.tokens == tokens > 0 and gap.max_abs < 1e-4 and 0 <= gap.mean_abs <= gap.max_abs
+
+    def shift(row, i):
+        if i == 0:
+            at = row["agent_mask"].index(1)
+            row["old_logprobs"] = [x + 0.5 if j == at else x for j, x in enumerate(row["old_logprobs"])]
+        return row
+
+    shifted = logprob_gap(model, rows.map(shift, with_indices=True), tok.pad_token_id, 0.7, batch_size=4)
+    assert shifted.max_abs == pytest.approx(0.5, abs=1e-4)
+    assert shifted.mean_abs == pytest.approx(gap.mean_abs + 0.5 / tokens, abs=1e-5)
