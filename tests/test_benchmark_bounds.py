@@ -61,12 +61,13 @@ def test_workload_bound_by_hand(bench):
     assert bound.roofline_s == pytest.approx(101 + 22 + 24 + 20.32) and bound.forwards == 4
 
 
-def test_bounds_of_a_recorded_run_print_on_cpu(bench, tiny, capsys):
-    """The whole path on the CPU: record an agent's generate calls, measure the device, print the bounds."""
+def test_bounds_of_a_recorded_run_print(bench, tiny, capsys):
+    """The whole path (on the CPU here, on CUDA on a GPU machine): record an agent's generate calls, measure the
+    device, print the bounds."""
     from hf_rollouts.agents.hf import TransformersAgent
     from hf_rollouts.types import AgentRequest
 
-    agent = TransformersAgent(tiny[0], tiny[1], max_new_tokens=4, device="cpu", cache="growing")
+    agent = TransformersAgent(tiny[0], tiny[1], max_new_tokens=4, cache="growing")  # on the test machine's device
     log = bench.CallLog(agent.model)
     try:
         agent.act_batch([AgentRequest([], [5, 6, 7], session_id="a"), AgentRequest([], [8, 9], session_id="b")])
