@@ -12,8 +12,9 @@
 #
 # Steps: suite (pytest on CUDA, -n 8 when pytest-xdist imports), bench (scripts/benchmark.py, both shapes, bf16, the
 # static and growing caches; BENCH_SHAPES, BENCH_CACHES choose), continuous (the continuous backend, 135M shape),
-# agree (scripts/logprob_agreement.py on CUDA, bf16 and fp32). Everything each step prints goes to $OUT (the device
-# tool's folder that comes back) or .gpu_check/out, one file per step; the summary quotes their closing lines.
+# agree (scripts/logprob_agreement.py on CUDA, bf16 and fp32, SmolLM2-135M shape). Everything each step prints goes
+# to $OUT (the device tool's folder that comes back) or .gpu_check/out, one file per step; the summary quotes their
+# closing lines.
 # Without CUDA it says so and exits 2 (nothing to check on a CPU machine: use bash scripts/test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -142,7 +143,8 @@ for step in "${STEPS[@]}"; do
         ;;
     agree)
         log="$OUT_DIR/agreement.txt"
-        timeout "${AGREE_TIMEOUT:-300}" "$PY" scripts/logprob_agreement.py --device cuda >"$log" 2>&1 || true
+        timeout "${AGREE_TIMEOUT:-300}" "$PY" scripts/logprob_agreement.py --device cuda \
+            --model "$DIR/models/smollm2-135m" --random-weights >"$log" 2>&1 || true
         note "sampler-trainer log-prob agreement on CUDA:"
         while read -r line; do note "    $line"; done < <(grep -E '^\||Error|error' "$log" | head -n 20)
         ;;
