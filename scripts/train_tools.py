@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate.utils import send_to_device
 from torch.utils.data import DataLoader
 from transformers import HfArgumentParser
 
@@ -66,7 +67,7 @@ from hf_rollouts.pipeline import generate_rollouts
 from hf_rollouts.publish import save_rollouts
 from hf_rollouts.seeding import derive_seed
 from hf_rollouts.tiny_model import build_tiny_model
-from hf_rollouts.training import RolloutCollator, grpo_loss, prepare_rollouts, token_logprobs
+from hf_rollouts.training import RolloutCollator, grpo_loss, model_device, prepare_rollouts, token_logprobs
 from hf_rollouts.types import Action, AgentRequest
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -258,9 +259,11 @@ def sft_steps(
         collate_fn=lambda rows: sft_collate(rows, pad_token_id),
     )
     losses: list[float] = []
+    device = model_device(model)
     model.train()
     while len(losses) < steps:
         for batch in loader:
+            batch = send_to_device(batch, device)  # the model may be on CUDA (where the agent put it)
             logprobs = token_logprobs(model, batch["input_ids"], batch["attention_mask"], 1.0)
             mask = batch["loss_mask"]
             loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1)
@@ -292,8 +295,10 @@ def grpo_iteration(model, optimizer, collator, rollouts, saved: Path, cfg: ToolT
         generator=torch.Generator().manual_seed(seed),
     )
     losses = []
+    device = model_device(model)
     model.train()
     for batch in loader:
+        batch = send_to_device(batch, device)
         logprobs = token_logprobs(model, batch["input_ids"], batch["attention_mask"], cfg.temperature)
         loss, metrics = grpo_loss(
             logprobs, batch["old_logprobs"], batch["advantages"], batch["loss_mask"], clip_eps=cfg.clip_eps
@@ -472,7 +477,7 @@ def run_trl(model, tokenizer, tasks, cfg: ToolTrainConfig) -> list[Point]:
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        use_cpu=True,
+        use_cpu=not torch.cuda.is_available(),  # TRL keeps the model where the agent put it
         bf16=False,
         gradient_checkpointing=False,
         max_grad_norm=cfg.max_grad_norm,

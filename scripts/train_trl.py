@@ -43,6 +43,13 @@ class TrainConfig:
     max_turns: int = field(default=2, metadata={"help": "GuessNumberEnv max_turns."})
     max_new_tokens: int = field(default=3, metadata={"help": "Token budget of one agent turn."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (TRL's, also for log-probs)."})
+    fp32: bool = field(
+        default=False,
+        metadata={
+            "help": "On a GPU, train without bf16 autocast: the trainer's recomputed log-probs then agree with the "
+            "sampler's to float32 precision (~1e-6; under bf16 autocast ~1e-2 max; scripts/logprob_agreement.py)."
+        },
+    )
     use_vllm: bool = field(default=False, metadata={"help": "Sample with TRL's vLLM server client."})
     vllm_server_base_url: str | None = field(default=None, metadata={"help": "vLLM server URL (with --use-vllm)."})
     output_dir: str | None = field(default=None, metadata={"help": "TRL output dir (default: a temp dir)."})
@@ -80,7 +87,7 @@ def build(cfg: TrainConfig):
         save_strategy="no",
         report_to="none",
         use_cpu=on_cpu,
-        bf16=not on_cpu,
+        bf16=not on_cpu and not cfg.fp32,
         gradient_checkpointing=False,  # with True it also works: generation lifts it (pitfall 1)
         use_vllm=cfg.use_vllm,
         vllm_mode="server",

@@ -23,9 +23,13 @@ def _cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny(_cache_dir):
+    """The shared tiny model, on the device agents put it on (accelerate's: CUDA on a GPU machine), from the start:
+    tests that feed it tensors put them on ``model.device``, whatever ran first."""
+    from hf_rollouts.distributed import process_state
     from hf_rollouts.tiny_model import build_tiny_model
 
-    return build_tiny_model(seed=0)
+    model, tok = build_tiny_model(seed=0)
+    return model.to(process_state().device), tok
 
 
 @pytest.fixture(scope="session")

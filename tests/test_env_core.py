@@ -181,7 +181,7 @@ def test_sampled_ids_are_stored_verbatim_and_prompts_are_prefixes(tokenizer, tin
         # each continuation was sampled from its own prefix: a teacher-forced pass reproduces its log-probs
         n = sum(out["padded_full_attention_mask"][i])
         with torch.no_grad():
-            logits = tiny[0](torch.tensor([ids[:n]])).logits[0].float()
+            logits = tiny[0](torch.tensor([ids[:n]], device=tiny[0].device)).logits[0].float().cpu()
         recomputed = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:n]).unsqueeze(-1)).squeeze(-1)
         for p in sampled_positions:
             assert recomputed[p - 1].item() == pytest.approx(lps[p], abs=2e-3)
@@ -256,7 +256,7 @@ def test_sampling_uses_the_full_softmax_the_logprobs_describe(tiny, backend):
     results = agent.act_batch([AgentRequest([], prompt)] * 256)
     first = {action.token_ids[0] for action, _ in results}
     with torch.no_grad():
-        probs = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)
+        probs = torch.softmax(model(torch.tensor([prompt], device=model.device)).logits[0, -1].float(), -1).cpu()
     expected_distinct = float((1 - (1 - probs) ** 256).sum())  # E[#distinct ids in 256 full-softmax draws]
     assert expected_distinct > 100
     assert len(first) > 0.8 * expected_distinct  # a top-50 sampler could never exceed 50

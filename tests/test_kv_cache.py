@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from hf_rollouts.agents.hf.backends import generate_padded
-from hf_rollouts.agents.hf.kv_cache import GrowingCache, GrowingLayer, cache_kwarg
+from hf_rollouts.agents.hf.kv_cache import GrowingCache, GrowingLayer, cache_kwarg, default_cache_kind
 from hf_rollouts.agents.hf.sampler import RowSampler
 from hf_rollouts.types import AgentRequest
 
@@ -27,7 +27,7 @@ def test_growing_cache_gives_dynamic_caches_values_bit_for_bit(tiny):
     """Across capacity growth, a row selection and a continuation, attention sees the same keys and values."""
     model = tiny[0]
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, len(tiny[1]), (4, 30), generator=generator)
+    ids = torch.randint(5, len(tiny[1]), (4, 30), generator=generator).to(model.device)
     mask = torch.ones_like(ids)
     mask[:2, :9] = 0  # left padding
     steps = GrowingLayer._GROW_MIN + 40  # past the first capacity: the buffers are reallocated mid-generation
@@ -36,7 +36,8 @@ def test_growing_cache_gives_dynamic_caches_values_bit_for_bit(tiny):
         out = _greedy(model, ids, mask, kind(), steps)
         cache = getattr(out, cache_kwarg(model))
         assert type(cache) is kind
-        cache.batch_select_indices(torch.tensor([3, 0]))  # two episodes go on, as in a kept cache's next turn
+        # two episodes go on, as in a kept cache's next turn
+        cache.batch_select_indices(torch.tensor([3, 0], device=model.device))
         more = torch.cat([out.sequences[[3, 0]], ids[:2, :5]], 1)
         more_mask = torch.ones_like(more)
         more_mask[1, :9] = 0
@@ -102,3 +103,83 @@ def test_the_samplers_logprobs_are_log_softmax_of_the_raw_logits(tiny, top_p):
         assert ids == new[i].tolist()
         live = len(ids) if tok.eos_token_id not in ids else ids.index(tok.eos_token_id) + 1
         assert logprobs[:live] == pytest.approx(expected[i, :live].tolist(), abs=1e-5)
+
+
+def test_each_device_gets_its_measured_cache():
+    assert default_cache_kind("cpu") == "growing" and default_cache_kind(torch.device("cuda", 0)) == "dynamic"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_the_static_and_dynamic_caches_give_the_growing_caches_tokens(tiny, tokenizer, temperature, monkeypatch):
+    """The decode caches are interchangeable: same sampled ids (greedy and seeded), same log-probs up to summation
+    order. The static one (what CUDA compiles into graphs) runs eagerly on CPU: never compiled here."""
+    from hf_rollouts.agents.hf import TransformersAgent
+    from hf_rollouts.envs.mastermind import MastermindEnv
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("torch.compile called on CPU")
+
+    monkeypatch.setattr(torch, "compile", no_compile)
+    model, used = tiny[0], []
+    real_generate = model.generate
+
+    def spy(**kwargs):
+        out = real_generate(**kwargs)
+        used.append(type(getattr(out, cache_kwarg(model))).__name__)
+        return out
+
+    tasks = [{"code": [1, 2, 3, 4]}, {"code": [6, 5, 4, 3]}, {"code": [2, 2, 2, 2]}]
+    runs, agents = {}, {}
+    monkeypatch.setattr(model, "generate", spy)
+    for kind in ("growing", "dynamic", "static"):
+        agent = TransformersAgent(model, tokenizer, max_new_tokens=6, temperature=temperature, seed=3, cache=kind)
+        runs[kind] = MastermindEnv(tokenizer, {"max_turns": 3}).run_trial(tasks, agent, 2)
+        agents[kind] = agent
+        assert set(used) == {dict(growing="GrowingCache", dynamic="DynamicCache", static="StaticCache")[kind]}
+        used.clear()
+    assert agents["growing"].kv_reused_calls > 0 and agents["dynamic"].kv_reused_calls > 0
+    assert agents["static"].kv_reused_calls == 0 and not agents["static"].reuse_kv  # sized per call, never kept
+    assert agents["static"].fingerprint()["sampling"]["cache"] == "static"
+    assert "cache" not in agents["growing"].fingerprint()["sampling"]  # the keys runs had before caches were chosen
+    base = runs["growing"]
+    for kind in ("dynamic", "static"):
+        assert runs[kind]["padded_full_token_ids"] == base["padded_full_token_ids"], kind
+        for a, b in zip(runs[kind]["padded_logprobs"], base["padded_logprobs"]):
+            assert a == pytest.approx(b, abs=1e-4), kind
+
+
+def test_the_static_cache_is_never_kept(tiny):
+    model, tok = tiny
+    config = GenerationConfig(max_new_tokens=2, cache_implementation="static", return_dict_in_generate=True)
+    with pytest.raises(ValueError, match="not kept"):
+        generate_padded(
+            model, [AgentRequest([], [5, 6])], config, temperature=0, pad_id=tok.pad_token_id, kv=None, rows=None,
+            keep_kv=True, stop_len=len, cache_kind="static",
+        )  # fmt: skip
+
+
+def test_the_continuous_backends_paged_cache_is_sized_to_the_call(tiny):
+    """Left to itself transformers sizes the paged cache to ~90% of free memory: on a CPU, the machine's RAM (a
+    shared machine killed the process). Each prompt gets the whole pages its prompt and new tokens need."""
+    from hf_rollouts.agents.hf import TransformersAgent
+    from hf_rollouts.agents.hf.backends import paged_cache_config
+
+    cb = paged_cache_config([[1] * 300, [2] * 10], 20)
+    page = getattr(cb, "page_size", None) or cb.block_size
+    assert page == 256 and cb.num_blocks == 1 + 2 + 1 and cb.max_batch_tokens == 310 and cb.return_logprobs
+    model, tok = tiny
+    agent = TransformersAgent(model, tok, max_new_tokens=3, backend="continuous")
+    seen = {}
+    real = model.generate_batch
+
+    def spy(**kwargs):
+        seen.update(kwargs)
+        return real(**kwargs)
+
+    model.generate_batch = spy
+    try:
+        assert not isinstance(agent.act_batch([AgentRequest([], [5, 6, 7])])[0], Exception)
+    finally:
+        del model.generate_batch
+    assert seen["continuous_batching_config"].num_blocks == 2
+    assert seen["continuous_batching_config"].max_batch_tokens == 256

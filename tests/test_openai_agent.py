@@ -547,6 +547,8 @@ def test_every_sampling_field_is_sent_in_both_modes(tokenizer):
         assert (body["temperature"], body["top_p"]) == (1.0, 0.9)
     overridden = OpenAIChatAgent(base_url="http://h/v1", model="m", extra_body={"top_k": 20}, **CHAT_ONLY)
     assert overridden.request_body(prompt)["top_k"] == 20  # extra_body still wins
+    top_k = OpenAIChatAgent(base_url="http://h/v1", model="m", top_k=7, **CHAT_ONLY)
+    assert top_k.request_body(prompt)["top_k"] == 7  # SamplingConfig's top-k replaces the neutral -1
 
 
 def test_a_server_rejecting_neutral_fields_by_name_drops_them_for_good():
@@ -572,6 +574,7 @@ def test_a_server_rejecting_neutral_fields_by_name_drops_them_for_good():
     "sampling, extra, named",
     [
         ({"temperature": 0.8, "top_p": 0.9}, {}, "top_p=0.9"),
+        ({"temperature": 0.8, "top_k": 5}, {}, "top_k=5"),
         ({"temperature": 0.8}, {"top_k": 20}, "extra_body top_k=20"),
         ({"temperature": 0.8}, {"min_p": 0.05}, "extra_body min_p=0.05"),
         ({"temperature": 0.8}, {"repetition_penalty": 1.05}, "extra_body repetition_penalty=1.05"),

@@ -171,7 +171,7 @@ def test_raw_logprobs_are_recorded_as_raw(tiny, tokenizer):
     ids, mask, _, lps = next(_rollouts(out))
     s, e = _turn_spans(mask)[0]
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+        logits = model(input_ids=torch.tensor([ids], device=model.device)).logits[0].float().cpu()
     raw = torch.log_softmax(logits, -1)[torch.arange(s - 1, e - 1), torch.tensor(ids[s:e])]
     np.testing.assert_allclose(lps[s:e], raw.numpy(), rtol=1e-4, atol=1e-4)  # log_softmax(logits), not logits / 0.5
     assert agent.describe()["logprob_convention"] == {"kind": "raw", "temperature": 1.0}
@@ -209,7 +209,7 @@ def test_every_request_overrides_the_served_models_generation_config(tiny, token
         assert {k: entry["params"][k] for k in NEUTRAL} == NEUTRAL, entry["endpoint"]
     with torch.no_grad():  # so the stored log-probs are log_softmax(logits / T), as training recomputes them
         for ids, mask, _, lps in _rollouts(out):
-            logits = model(input_ids=torch.tensor([ids])).logits[0].float() / 0.8
+            logits = model(input_ids=torch.tensor([ids], device=model.device)).logits[0].float().cpu() / 0.8
             want = torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
             agent_pos = [i for i in range(1, len(ids)) if mask[i]]
             np.testing.assert_allclose(
@@ -277,7 +277,7 @@ def test_cli_token_mode_run_and_the_logprob_convention_in_training(tiny, tokeniz
     with pytest.raises(ValueError, match=r"log_softmax\(logits / 1\).*temperature=0.5.*processed_logprobs"):
         token_logprobs(model, ids, temperature=0.5, convention=prepared.logprob_convention)
     with torch.no_grad():  # recomputed like the stored ones: the ratio is 1 on every agent token
-        new = token_logprobs(model, ids, temperature=1.0, convention=prepared.logprob_convention)[0]
+        new = token_logprobs(model, ids, temperature=1.0, convention=prepared.logprob_convention)[0].cpu()
     agent = torch.tensor(row["agent_mask"]).bool()
     torch.testing.assert_close(new[agent], torch.tensor(row["old_logprobs"])[agent], rtol=1e-4, atol=1e-4)
 

@@ -119,7 +119,7 @@ def test_it_plays_twenty_questions_token_exact(smol, recording, tmp_path):
                 assert action.stopped == (action.token_ids[-1] in inner.stop_ids)
             assert [p for p, m in enumerate(mask) if m] == sampled
             with torch.no_grad():
-                logits = model(torch.tensor([ids[:n]])).logits[0, :-1].float() / temperature
+                logits = model(torch.tensor([ids[:n]], device=model.device)).logits[0, :-1].float().cpu() / temperature
             want = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:n]).unsqueeze(-1)).squeeze(-1)
             assert [lps[p] for p in sampled] == pytest.approx([want[p - 1].item() for p in sampled], abs=2e-3)
     words = " ".join(m["content"] for m in ds[0]["conversations"][0] if m["role"] == "assistant")

@@ -355,7 +355,7 @@ def test_collator_works_with_dataloader_and_accelerate():
     for a, b in zip(plain, batches):
         for key in a:
             assert torch.equal(a[key], b[key].cpu()), key
-    assert batches[0]["loss_mask"].device == accelerator.device
+    assert batches[0]["loss_mask"].device.type == accelerator.device.type  # cuda:0 is cuda: compare kinds
 
 
 # --------------------------------------------------------------------------- log-probs and loss
@@ -380,14 +380,16 @@ def test_token_logprobs_match_the_sampling_logprobs(real_batch, tiny):
     model, batch = real_batch
     mask = batch["loss_mask"].bool()
     assert mask.sum() > 0 and (batch["input_ids"].shape[1] > batch["attention_mask"].sum(1)).any()  # padded batch
-    with torch.no_grad():
+    with torch.no_grad():  # a CPU batch, the model wherever the agent put it: token_logprobs moves the batch
         lp = token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature=0.7)
+    assert lp.device == model.device
+    lp = lp.cpu()
     torch.testing.assert_close(lp[mask], batch["old_logprobs"][mask], atol=1e-4, rtol=1e-4)
     assert (lp[:, 0] == 0).all() and (lp[batch["attention_mask"] == 0] == 0).all()
     # position t = log_softmax(logits(ids[:t]) / T)[ids[t]], computed by hand for one agent token
     i, t = (int(x) for x in mask.nonzero()[0])
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"][i : i + 1, :t]).logits[0, -1]
+        logits = model(input_ids=batch["input_ids"][i : i + 1, :t].to(model.device)).logits[0, -1].cpu()
     assert lp[i, t].item() == pytest.approx(
         torch.log_softmax(logits / 0.7, -1)[batch["input_ids"][i, t]].item(), abs=1e-5
     )
@@ -395,6 +397,7 @@ def test_token_logprobs_match_the_sampling_logprobs(real_batch, tiny):
 
 def test_gradient_is_exactly_zero_outside_agent_tokens(real_batch):
     model, batch = real_batch
+    batch = {k: v.to(model.device) for k, v in batch.items()}  # as a training loop does
     mask = batch["loss_mask"].bool()
     captured = {}
 
@@ -481,3 +484,29 @@ def test_grpo_raises_the_toy_reward_across_seeds(tmp_path):
     improvements = [e - s for s, e in zip(starts, ends)]
     assert all(d > 0.3 for d in improvements), (starts, ends)  # every seed, by a wide margin
     assert statistics.fmean(improvements) > 2 * statistics.pstdev(starts) + 0.3, (starts, ends)
+
+
+def test_logprob_gap_is_float32_rounding_for_a_float32_run_and_sees_a_shifted_token(tiny, tmp_path):
+    """The sampler-trainer agreement report: ~1e-6 for the generate backend in float32, and a stored log-prob off by
+    0.5 on one token shows up as that max and as 0.5 / tokens more in the mean."""
+    from hf_rollouts.agents.hf import TransformersAgent
+    from hf_rollouts.training import logprob_gap
+
+    model, tok = tiny
+    agent = TransformersAgent(model, tok, temperature=0.7, max_new_tokens=5, seed=0)
+    tasks = GuessNumberEnv(tok, {"low": 1, "high": 3, "max_turns": 2}).get_train_dataset(3)
+    rows = prepare_rollouts(generate_rollouts(tasks, agent, 2, seed=1, cache_dir=tmp_path, progress=False),
+                            flatten=True, drop_constant_groups=False).dataset  # fmt: skip
+    gap = logprob_gap(model, rows, tok.pad_token_id, 0.7, batch_size=4)
+    tokens = sum(sum(m) for m in rows["agent_mask"])
+    assert gap.tokens == tokens > 0 and gap.max_abs < 1e-4 and 0 <= gap.mean_abs <= gap.max_abs
+
+    def shift(row, i):
+        if i == 0:
+            at = row["agent_mask"].index(1)
+            row["old_logprobs"] = [x + 0.5 if j == at else x for j, x in enumerate(row["old_logprobs"])]
+        return row
+
+    shifted = logprob_gap(model, rows.map(shift, with_indices=True), tok.pad_token_id, 0.7, batch_size=4)
+    assert shifted.max_abs == pytest.approx(0.5, abs=1e-4)
+    assert shifted.mean_abs == pytest.approx(gap.mean_abs + 0.5 / tokens, abs=1e-5)

@@ -257,7 +257,7 @@ def recompute_gap(model, columns: dict, temperature: float) -> float:
     worst = 0.0
     with torch.no_grad():
         for ids, mask, _, lps in _rollouts(columns):
-            new = token_logprobs(model, torch.tensor([ids]), temperature=temperature)[0]
+            new = token_logprobs(model, torch.tensor([ids]), temperature=temperature)[0].cpu()
             agent = torch.tensor(mask).bool()
             worst = max(worst, (new[agent] - torch.tensor(lps)[agent]).abs().max().item())
     return worst
@@ -367,7 +367,7 @@ def test_cli_processed_logprobs_recompute_with_token_logprobs(vllm_server, proxy
     with torch.no_grad():
         for row in prepared.dataset:
             ids = torch.tensor([row["input_ids"]])
-            new = token_logprobs(model, ids, temperature=TEMPERATURE, convention=prepared.logprob_convention)[0]
+            new = token_logprobs(model, ids, temperature=TEMPERATURE, convention=prepared.logprob_convention)[0].cpu()
             agent = torch.tensor(row["agent_mask"]).bool()
             worst = max(worst, (new[agent] - torch.tensor(row["old_logprobs"])[agent]).abs().max().item())
     print(f"\nCLI --logprobs-mode processed: recomputed log-prob gap {worst:.2e}")
@@ -476,7 +476,7 @@ def test_cli_model_vllm_runs_in_process_and_records_its_convention(vllm_agent_ru
     model = small[1]
     with torch.no_grad():
         for row in prepared.dataset:
-            new = token_logprobs(model, torch.tensor([row["input_ids"]]), temperature=0.8)[0]
+            new = token_logprobs(model, torch.tensor([row["input_ids"]]), temperature=0.8)[0].cpu()
             agent = torch.tensor(row["agent_mask"]).bool()
             torch.testing.assert_close(new[agent], torch.tensor(row["old_logprobs"])[agent], rtol=0, atol=2e-5)
 
@@ -498,6 +498,8 @@ def test_vllm_spec_without_vllm_says_how_to_set_it_up(tmp_path):
         VLLMSettings(model="m", engine_kwargs={"dtype": "float16"})
     with pytest.raises(ValueError, match="top_p=0.9"):  # refused before anything is loaded
         VLLMAgent(model="m", logprobs_mode="processed", sampling=SamplingConfig(top_p=0.9))
+    with pytest.raises(ValueError, match="top_k=5"):  # vLLM's processed log-probs are after top-k too
+        VLLMAgent(model="m", logprobs_mode="processed", sampling=SamplingConfig(top_k=5))
     if vllm_installed():
         pytest.skip("vLLM is installed in this Python: the missing-vLLM message cannot be shown")
     with pytest.raises(VLLMUnavailableError, match=r"bash scripts/setup_vllm\.sh"):

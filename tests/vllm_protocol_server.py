@@ -319,11 +319,12 @@ class VLLMProtocolServer:
         ids: list[int] = []
         lps: list[float] = []
         with self._model_lock:
-            past, step = None, torch.tensor([prompt_ids])
+            device = self.model.device  # the model may sit on CUDA; sampling runs on the CPU (a CPU generator)
+            past, step = None, torch.tensor([prompt_ids], device=device)
             key = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters else "past_key_values"
             for _ in range(p["max_tokens"]):
                 out = self.model(input_ids=step, **{key: past}, use_cache=True)
-                past, logits = getattr(out, key), out.logits[0, -1].float()
+                past, logits = getattr(out, key), out.logits[0, -1].float().cpu()
                 for token_id, bias in p["logit_bias"].items():  # OpenAI's logit_bias, a logits processor
                     logits[token_id] += bias
                 raw = torch.log_softmax(logits, -1)
@@ -336,7 +337,7 @@ class VLLMProtocolServer:
                 chosen = (processed if self.logprobs_mode == "processed_logprobs" else raw)[token]
                 ids.append(token)
                 lps.append(max(float(chosen), -9999.0))
-                step = torch.tensor([[token]])
+                step = torch.tensor([[token]], device=device)
                 if token == eos:
                     return ids, lps, "stop", None
                 if token in p["stop_token_ids"]:

@@ -22,6 +22,10 @@ class SamplingConfig:
 
     temperature: float = field(default=1.0, metadata={"help": "Softmax temperature; 0 means greedy decoding."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass."})
+    top_k: int = field(
+        default=0,
+        metadata={"help": "Sample among the k most likely ids only (before top-p); 0 means no limit."},
+    )
     max_new_tokens: int = field(default=48, metadata={"help": "Token budget of one agent turn."})
     stop: list[str] = field(
         default_factory=list,
@@ -32,10 +36,11 @@ class SamplingConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_new_tokens < 1:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_new_tokens < 1 or self.top_k < 0:
             raise ValueError(
-                f"Invalid sampling settings temperature={self.temperature}, top_p={self.top_p}, "
-                f"max_new_tokens={self.max_new_tokens}: need temperature >= 0, 0 < top_p <= 1, max_new_tokens >= 1."
+                f"Invalid sampling settings temperature={self.temperature}, top_p={self.top_p}, top_k={self.top_k}, "
+                f"max_new_tokens={self.max_new_tokens}: need temperature >= 0, 0 < top_p <= 1, top_k >= 0 (0: off), "
+                "max_new_tokens >= 1."
             )
         if isinstance(self.stop, str):
             raise ValueError(f"stop must be a list of strings, got the string {self.stop!r}; pass [{self.stop!r}].")
@@ -44,9 +49,10 @@ class SamplingConfig:
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}.")
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings as a dict for fingerprints and cards; ``stop`` only when set (so runs without stop strings
-        keep the cache keys and cards they had before stop strings existed)."""
+        """The settings as a dict for fingerprints and cards; ``stop`` and ``top_k`` only when set (so runs without
+        them keep the cache keys and cards they had before those fields existed)."""
         out = asdict(self)
-        if not out["stop"]:
-            del out["stop"]
+        for name in ("stop", "top_k"):
+            if not out[name]:
+                del out[name]
         return out

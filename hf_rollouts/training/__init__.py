@@ -39,15 +39,17 @@ them an all-zero loss mask, so they are never trained on as a zero reward.
 """
 
 from .advantages import ADVANTAGE_MODES, DROP_REASONS, RolloutFilter, RolloutFilterReport, group_advantages
+from .agreement import LogprobGap, logprob_gap
 from .collate import RolloutCollator
 from .convention import check_logprob_convention, read_logprob_convention
 from .data import FLAT_FEATURES, PreparedRollouts, load_rollouts, prepare_rollouts
-from .loss import grpo_loss, token_logprobs
+from .loss import grpo_loss, model_device, token_logprobs
 
 __all__ = [
     "ADVANTAGE_MODES",
     "DROP_REASONS",
     "FLAT_FEATURES",
+    "LogprobGap",
     "PreparedRollouts",
     "RolloutCollator",
     "RolloutFilter",
@@ -55,6 +57,8 @@ __all__ = [
     "check_logprob_convention",
     "group_advantages",
     "grpo_loss",
+    "logprob_gap",
+    "model_device",
     "load_rollouts",
     "prepare_rollouts",
     "read_logprob_convention",

@@ -17,7 +17,8 @@ def token_logprobs(
 ) -> torch.Tensor:
     """Per-position log-probabilities of the tokens in ``input_ids`` under ``model``.
 
-    Returns a float32 ``[batch, seq]`` tensor where position ``t`` holds
+    Returns a float32 ``[batch, seq]`` tensor on the model's device (``input_ids`` and ``attention_mask`` are
+    moved there, so a CPU batch works with a model on CUDA) where position ``t`` holds
     ``log_softmax(logits[t - 1] / temperature)[input_ids[t]]`` — the convention of
     the stored ``padded_logprobs``. Position 0 and padding positions
     (``attention_mask == 0``) hold 0. ``temperature == 0`` (greedy sampling)
@@ -31,6 +32,9 @@ def token_logprobs(
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}.")
     check_logprob_convention(convention, temperature)
+    device = model_device(model)
+    input_ids = input_ids.to(device)
+    attention_mask = None if attention_mask is None else attention_mask.to(device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     if temperature > 0:
         logits = logits / temperature
@@ -40,6 +44,14 @@ def token_logprobs(
     if attention_mask is not None:
         out = torch.where(attention_mask.bool(), out, torch.zeros_like(out))
     return out
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where ``model`` computes: its ``device`` (transformers models), else its first parameter's device."""
+    device = getattr(model, "device", None)
+    if isinstance(device, torch.device):
+        return device
+    return next(model.parameters()).device
 
 
 def grpo_loss(

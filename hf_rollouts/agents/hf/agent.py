@@ -7,8 +7,9 @@ so the environment stores what the model really produced.
 Log-probability convention: ``log_softmax(logits / temperature)`` of the sampled
 id, before top-p filtering — the quantity a PPO/GRPO trainer recomputes for the
 importance ratio. With ``temperature == 0`` (greedy) the logits are not scaled.
-The ``continuous`` backend reports transformers' own log-probabilities; at
-temperature 1 both backends match a teacher-forced forward pass (tested).
+The ``continuous`` backend reports transformers' own log-probabilities, which
+are taken after top-p/top-k: it is refused with either; with both off, the two backends match a
+teacher-forced forward pass (tested).
 
 Seeds: the ``generate`` backend samples each request from a random stream of its own
 (:mod:`.sampler`), keyed by ``request.seed`` (the pipeline derives it from run seed, task row,
@@ -33,7 +34,7 @@ from ..base import Agent
 from ..sampling import SamplingConfig
 from ..stop_strings import StopStringCriteria, stop_string_end
 from .backends import generate_continuous, generate_padded
-from .kv_cache import KVState, kv_reuse_unsafe_reason, reusable_rows
+from .kv_cache import CACHE_KINDS, KVState, default_cache_kind, kv_reuse_unsafe_reason, reusable_rows
 from .sampler import RowSampler
 
 logger = logging.getLogger(__name__)
@@ -77,7 +78,12 @@ class TransformersAgent(Agent):
             for GPUs with many varied-length episodes).
         reuse_kv: ``"generate"`` backend: keep the batched KV cache between turns and
             prefill only each episode's new tokens (the prompt must extend what the model
-            already saw; otherwise a full prefill is done).
+            already saw; otherwise a full prefill is done). Not with the ``static`` cache.
+        cache: ``"generate"`` backend's decode cache (:data:`~.kv_cache.CACHE_KINDS`): ``"auto"`` (default) picks
+            by device (:func:`~.kv_cache.default_cache_kind`: ``growing`` on CPU, ``dynamic`` on CUDA);
+            ``"growing"``, ``"dynamic"`` or ``"static"`` (compiled into CUDA graphs on CUDA) force one. Each is
+            token-exact and seeded; they may differ from one another in the last bits of the logits (another
+            summation order).
     """
 
     def __init__(
@@ -91,15 +97,28 @@ class TransformersAgent(Agent):
         reuse_kv: bool = True,
         device: str | torch.device | None = None,
         name: str | None = None,
+        cache: str = "auto",
         **sampling_kwargs: Any,
     ) -> None:
         if sampling is not None and sampling_kwargs:
             raise TypeError("Pass either a SamplingConfig or sampling keyword arguments, not both.")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if cache != "auto" and cache not in CACHE_KINDS:
+            raise ValueError(f"cache must be 'auto' or one of {CACHE_KINDS}, got {cache!r}")
         self.sampling = sampling or SamplingConfig(**sampling_kwargs)
-        self.seed, self.backend, self.reuse_kv = seed, backend, reuse_kv
+        s = self.sampling
+        if backend == "continuous" and s.temperature > 0 and (s.top_p < 1 or s.top_k):
+            raise ValueError(
+                f"backend='continuous' with top_p={s.top_p:g}, top_k={s.top_k}: transformers' continuous batching "
+                "reports log-probabilities after top-p/top-k (renormalised over the ids they keep), not the "
+                "log_softmax(logits / temperature) hf_rollouts stores and training recomputes. Use the generate "
+                "backend (it samples with top-p and top-k and stores the full-softmax log-probs), or top_p=1, top_k=0."
+            )
         self.device = torch.device(device) if device is not None else process_state().device
+        self.cache_kind = default_cache_kind(self.device) if cache == "auto" else cache
+        self.seed, self.backend = seed, backend
+        self.reuse_kv = reuse_kv and self.cache_kind != "static"  # a static cache is sized per call, never kept
         self.model = model.to(self.device).eval()
         model_eos = self.model.generation_config.eos_token_id  # read before the config is replaced
         self._neutralize_generation_defaults()
@@ -227,6 +246,7 @@ class TransformersAgent(Agent):
                 stop_len=self._stop_len,
                 sampler=self._sampler(requests),
                 stopping=self._stopping if self.sampling.stop else None,
+                cache_kind=self.cache_kind,
             )
         out = []
         for request, (ids, logprobs) in zip(requests, sampled):
@@ -265,8 +285,10 @@ class TransformersAgent(Agent):
         return digest.hexdigest()[:16]
 
     def _settings(self) -> dict[str, Any]:
-        sampling = self.sampling.to_dict()
-        return {"sampling": {**sampling, "seed": self.seed, "reuse_kv": self.reuse_kv, "backend": self.backend}}
+        sampling = {**self.sampling.to_dict(), "seed": self.seed, "reuse_kv": self.reuse_kv, "backend": self.backend}
+        if self.backend == "generate" and self.cache_kind != "growing":  # growing: the keys runs had before
+            sampling["cache"] = self.cache_kind
+        return {"sampling": sampling}
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.name, **self._settings(), "device": str(self.device)}
@@ -283,7 +305,8 @@ class TransformersAgent(Agent):
         seeds = [
             r.seed if r.seed is not None else int(torch.randint(2**31 - 1, (1,), generator=self._rng)) for r in requests
         ]
-        return RowSampler(seeds, self.sampling.temperature, self.sampling.top_p, self.device)
+        s = self.sampling
+        return RowSampler(seeds, s.temperature, s.top_p, self.model.device, top_k=s.top_k)
 
     def _generation_config(self, seeded: bool = False) -> GenerationConfig:
         """The ``GenerationConfig`` of one call. ``seeded``: the ``generate`` backend's, where a
@@ -296,13 +319,14 @@ class TransformersAgent(Agent):
             top_p=None if greedy else s.top_p,
             top_k=None
             if greedy
-            # None would mean transformers' default top_k=50: sampling must match the stored full-softmax log-probs
-            else 0,
+            # None would mean transformers' default top_k=50: 0 (off) unless SamplingConfig asks for top-k
+            else s.top_k,
             max_new_tokens=s.max_new_tokens,
             eos_token_id=self.stop_ids,
             pad_token_id=self.tokenizer.pad_token_id,
             output_logits=not seeded or s.temperature == 0,  # a RowSampler reports its own log-probs
             return_dict_in_generate=True,
+            cache_implementation="static" if seeded and self.cache_kind == "static" else None,
         )
 
     def _stopping(self, width: int) -> list:

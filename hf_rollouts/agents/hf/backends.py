@@ -16,7 +16,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from ...types import AgentRequest
-from .kv_cache import GrowingCache, KVState, cache_kwarg, extend, kv_reuse_unsafe_reason, left_pad
+from .kv_cache import CacheKind, GrowingCache, KVState, cache_kwarg, extend, kv_reuse_unsafe_reason, left_pad
 from .sampler import RowSampler
 
 Sampled = list[tuple[list[int], list[float]]]
@@ -36,6 +36,7 @@ def generate_padded(
     stop_len: Callable[[list[int]], int],
     sampler: RowSampler | None = None,
     stopping: Callable[[int], list] | None = None,
+    cache_kind: CacheKind = "growing",
 ) -> tuple[Sampled, KVState | None]:
     """One batched ``generate`` for ``requests``; returns the samples and the cache to keep.
 
@@ -45,17 +46,24 @@ def generate_padded(
     With ``sampler`` (:class:`~.sampler.RowSampler`, for a greedy ``config``) each row samples from the
     random stream of its own seed, and the sampler reports the log-probabilities (``config`` need not ask for
     ``output_logits``); without it ``config`` samples with torch's global generator and must set
-    ``output_logits=True``. A fresh prefill of a full-attention model gets a
-    :class:`~.kv_cache.GrowingCache` (in-place decode steps); other models get ``generate``'s own cache.
+    ``output_logits=True``. ``cache_kind`` (:data:`~.kv_cache.CACHE_KINDS`): with ``growing``, a fresh prefill of a
+    full-attention model gets a :class:`~.kv_cache.GrowingCache` (in-place decode steps), other models
+    ``generate``'s own cache; ``dynamic``: ``generate``'s own cache; ``static``: ``config`` must ask for
+    ``cache_implementation="static"``, and nothing is kept (``keep_kv`` and ``rows`` must be off).
     ``stopping(width)`` gives extra stopping criteria for the call (stop strings), ``width`` being where
     generated ids start.
     """
+    if cache_kind == "static" and (keep_kv or rows is not None or config.cache_implementation != "static"):
+        raise ValueError(
+            "the static cache is not kept between calls: pass keep_kv=False, rows=None and a config with "
+            "cache_implementation='static'."
+        )
     device = model.device
     prompts = [r.prompt_token_ids for r in requests]
     cache = None
     if rows is None:
         input_ids, attention = left_pad(prompts, pad_id, device)
-        if kv_reuse_unsafe_reason(model) is None:
+        if cache_kind == "growing" and kv_reuse_unsafe_reason(model) is None:
             cache = GrowingCache()
     else:
         input_ids, attention, cache = extend(kv, rows, prompts, pad_id, device)
@@ -63,7 +71,7 @@ def generate_padded(
     out = model.generate(
         input_ids=input_ids,
         attention_mask=attention,
-        **{cache_kwarg(model): cache},
+        **({} if cache is None else {cache_kwarg(model): cache}),
         generation_config=config,
         logits_processor=None if sampler is None else [sampler],
         stopping_criteria=None if stopping is None else stopping(width),
@@ -98,14 +106,27 @@ def generate_padded(
     return results, state
 
 
-def generate_continuous(model: PreTrainedModel, prompts: list[list[int]], config: GenerationConfig) -> Sampled:
-    """transformers continuous batching; log-probabilities come from the manager."""
+def paged_cache_config(prompts: list[list[int]], max_new_tokens: int) -> Any:
+    """A ``ContinuousBatchingConfig`` with log-probabilities and a paged cache sized to the call: every prompt plus
+    ``max_new_tokens``, whole pages each, and at most 8192 tokens a forward. Left to itself transformers sizes the
+    cache to 80-90% of the device's free memory; on a CPU that is the machine's RAM, which a shared machine then runs
+    out of (the process is killed)."""
     from transformers import ContinuousBatchingConfig
 
+    cb = ContinuousBatchingConfig(return_logprobs=True)
+    page = getattr(cb, "page_size", None) or cb.block_size  # page_size since transformers 5.2x, block_size before
+    cb.num_blocks = 1 + sum(-(-(len(p) + max_new_tokens) // page) for p in prompts)
+    # tokens per forward: transformers' default (8192) or less; given, it is not solved from free memory either
+    cb.max_batch_tokens = max(256, min(8192, sum(len(p) for p in prompts)))
+    return cb
+
+
+def generate_continuous(model: PreTrainedModel, prompts: list[list[int]], config: GenerationConfig) -> Sampled:
+    """transformers continuous batching; log-probabilities come from the manager."""
     outputs = model.generate_batch(
         inputs=prompts,
         generation_config=config,
-        continuous_batching_config=ContinuousBatchingConfig(return_logprobs=True),
+        continuous_batching_config=paged_cache_config(prompts, config.max_new_tokens),
         progress_bar=False,
     )
     by_prompt: dict[int, Any] = {}

@@ -9,19 +9,47 @@ The cache itself is a :class:`GrowingCache` where that is exact (the same models
 ``DynamicCache`` appends each decode step with ``torch.cat``, copying every layer's whole cache once per
 new token (for SmolLM2-135M at batch 32 and 400 cached positions, about 0.6 GB of copies per step, ~15% of a
 decode step on CPU); a :class:`GrowingCache` writes each step in place into spare capacity.
+
+Which cache a call uses is chosen per device (:func:`default_cache_kind`, overridable): see :data:`CACHE_KINDS`.
 """
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from ...types import AgentRequest
+
+CacheKind = Literal["growing", "dynamic", "static"]
+CACHE_KINDS: tuple[str, ...] = ("growing", "dynamic", "static")
+"""The decode caches of the ``generate`` backend:
+
+* ``growing``: :class:`GrowingCache`, in-place writes into spare capacity, kept between turns (only each episode's
+  new ids are prefilled). Fastest measured on CPU (``scripts/benchmark.py`` (b)/(d)); on CUDA its attention over
+  strided views ran 2.5x slower than a plain loop (issue 25, SmolLM2-135M shape, batch 512).
+* ``dynamic``: transformers' ``DynamicCache`` (a ``torch.cat`` per step), kept between turns.
+* ``static``: transformers' ``StaticCache`` (``cache_implementation="static"``), sized to the batch and the longest
+  call so far; fixed shapes, so on CUDA ``generate`` compiles the decode step (``torch.compile``,
+  ``mode="reduce-overhead"``: CUDA graphs, one launch a step instead of one per kernel). Not kept between turns:
+  each turn prefills its whole prompt (one batched forward, cheap on a GPU next to the decode steps).
+  On CPU nothing is compiled (transformers compiles on accelerators only); the path is the same otherwise.
+"""
+
+_CACHE_BY_DEVICE: dict[str, str] = {"cpu": "growing"}
+"""Measured choices; a device type not listed gets ``dynamic``."""
+
+
+def default_cache_kind(device: torch.device | str) -> str:
+    """The decode cache for ``device``: ``growing`` on CPU (measured fastest there); ``dynamic`` (transformers' own
+    cache, kept between turns) on CUDA and other accelerators, where the strided ``growing`` cache was measured 2.5x
+    slower than plain ``generate`` for a 135M-shaped model (H200). ``static`` (CUDA graphs) is opt-in until a GPU run
+    measures it: ``generate`` compiles it per batch and cache shape, and a rollout's shapes change every turn."""
+    return _CACHE_BY_DEVICE.get(torch.device(device).type, "dynamic")
 
 
 def cache_kwarg(model: PreTrainedModel) -> str:
@@ -171,8 +199,12 @@ class GrowingLayer(DynamicLayer):
             self._views()
 
     def reset(self) -> None:
+        """Drop the cached columns (the next ``update`` starts afresh). Done here, not left to ``DynamicLayer``:
+        transformers before 5.2x only zeroes the tensors in place, which keeps their length."""
         self._k = self._v = None
         self._n = 0
+        self.keys = self.values = None
+        self.is_initialized = False  # so the base class zeroes nothing and only resets its counters
         super().reset()
 
     def offload(self) -> None:

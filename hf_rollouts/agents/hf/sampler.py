@@ -1,15 +1,18 @@
 """Per-request seeded sampling inside one batched ``model.generate``.
 
 :class:`RowSampler` is a logits processor that draws each row's next token from
-``softmax(logits / T)`` (restricted to the nucleus ``top_p``) with a uniform number that is a
-pure function of the row's seed and the step: a counter-based generator (splitmix64 over
-``seed`` and ``step``), computed for the whole batch in a few tensor operations, then inverse-CDF
-sampling. It hands ``generate`` a one-hot choice that its greedy step takes. So a request's draws
-depend on its seed alone: not on which requests share its batch, their order, the device, or the
-global torch RNG (which hf_rollouts never touches on this path).
+``softmax(logits / T)`` (restricted to the ``top_k`` most likely ids, then to the nucleus ``top_p``, in
+transformers' order) with a uniform number that is a pure function of the row's seed and the step: a
+counter-based generator (splitmix64 over ``seed`` and ``step``), then inverse-CDF sampling. Every step is
+one batched set of tensor operations over all rows (no Python loop over rows, no host synchronisation).
+It hands ``generate`` a one-hot choice that its greedy step takes. So a request's draws depend on its seed
+and the step alone: not on which requests share its batch, their order, or the global torch RNG (which
+hf_rollouts never touches on this path). (Gumbel-max over counter-based noise was measured as the
+alternative: it hashes every vocabulary entry, ``batch x vocab`` 64-bit hashes and two logarithms a step,
+and was slower on CPU than this cumulative sum; see ``tests/test_kv_cache.py``.)
 
 The distribution is exactly the one the stored log-probabilities describe (``log_softmax(logits / T)``
-of the raw logits, before top-p), the same as transformers' own sampling with ``top_k=0``. The sampler keeps
+of the raw logits, before top-k and top-p), the same as transformers' own sampling. The sampler keeps
 that log-probability of each chosen id (:attr:`RowSampler.logprobs`), computed from the same scaled logits it
 samples from, so ``generate`` need not hand back every step's full-vocabulary logits (``output_logits``: at
 batch 32, 32 new tokens and a 49k vocabulary that is 200 MB per call, and 10 GB at batch 64, 256 tokens, 150k).
@@ -48,11 +51,16 @@ class RowSampler(LogitsProcessor):
     ``logprobs[t][i]`` is ``log_softmax(scores / T)`` of the id chosen for row ``i`` at step ``t`` (float32).
     """
 
-    def __init__(self, seeds: list[int], temperature: float, top_p: float, device: torch.device) -> None:
+    def __init__(
+        self, seeds: list[int], temperature: float, top_p: float, device: torch.device, top_k: int = 0
+    ) -> None:
         if temperature <= 0:
             raise ValueError("RowSampler samples; use plain greedy decoding for temperature 0.")
-        self.seeds, self.temperature, self.top_p = [int(s) for s in seeds], temperature, top_p
-        self._seeds = torch.tensor(self.seeds, dtype=torch.int64, device=device)
+        if top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: off), got {top_k}.")
+        self.seeds, self.temperature, self.top_p, self.top_k = [int(s) for s in seeds], temperature, top_p, top_k
+        self.device = torch.device(device)
+        self._seeds = torch.tensor(self.seeds, dtype=torch.int64, device=self.device)
         self.step = 0
         self.logprobs: list[torch.Tensor] = []
 
@@ -64,13 +72,12 @@ class RowSampler(LogitsProcessor):
         return out
 
     def sample(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw this step's id of every row from ``softmax(scores / T)`` (nucleus ``top_p``); returns the ids
-        ``[batch]`` and their ``log_softmax(scores / T)`` ``[batch]``, and advances the step."""
+        """Draw this step's id of every row from ``softmax(scores / T)`` (``top_k``, then nucleus ``top_p``); returns
+        the ids ``[batch]`` and their ``log_softmax(scores / T)`` ``[batch]``, and advances the step."""
         scaled = scores.float() / self.temperature
         log_norm = torch.logsumexp(scaled, dim=-1, keepdim=True)
         probs = torch.exp(scaled - log_norm)
-        if self.top_p < 1.0:
-            probs = _nucleus(probs, self.top_p)
+        probs = truncate(probs, self.top_k, self.top_p)
         cdf = torch.cumsum(probs.double(), dim=-1)
         u = uniforms(self._seeds, self.step).unsqueeze(1) * cdf[:, -1:]
         self.step += 1
@@ -79,12 +86,24 @@ class RowSampler(LogitsProcessor):
         return chosen.squeeze(1), (scaled.gather(1, chosen) - log_norm).squeeze(1)
 
 
-def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely ids whose mass reaches ``top_p`` (at least one), as transformers'
-    ``TopPLogitsWarper`` does; the rest get probability 0."""
+def truncate(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """``probs`` with every id outside the ``top_k`` most likely (ties with the k-th kept; 0: no limit) and then
+    outside the nucleus ``top_p`` of what is left set to 0, as transformers' ``TopKLogitsWarper`` then
+    ``TopPLogitsWarper`` do: the smallest set of most likely ids whose (renormalised) mass reaches ``top_p``, at
+    least one. One sort of each row, for all rows at once."""
+    use_k = 0 < top_k < probs.shape[-1]
+    if not use_k and top_p >= 1.0:
+        return probs
+    if use_k and top_p >= 1.0:  # top-k alone: no sort of the whole row
+        kth = torch.topk(probs, top_k, dim=-1).values[..., -1:]
+        return probs * (probs >= kth)
     sorted_probs, order = torch.sort(probs, descending=True, dim=-1)
-    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of the ids ranked above each one
-    keep_sorted = before < top_p
+    limit: float | torch.Tensor = top_p
+    if use_k:
+        sorted_probs = sorted_probs * (sorted_probs >= sorted_probs[..., top_k - 1 : top_k])
+        limit = top_p * sorted_probs.sum(-1, keepdim=True)  # the nucleus of the renormalised top-k
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of the kept ids ranked above each one
+    keep_sorted = before < limit
     keep_sorted[..., 0] = True
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     return probs * keep

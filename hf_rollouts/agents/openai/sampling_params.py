@@ -1,7 +1,7 @@
 """What a request says about sampling, the seed it carries, and what its log-probs then are.
 
 **Every sampling field is sent.** Besides the :class:`~hf_rollouts.agents.sampling.SamplingConfig`
-(``temperature``, ``top_p``, ``max_tokens``), each field hf_rollouts does not use goes out with its
+(``temperature``, ``top_p``, ``top_k`` when set, ``max_tokens``), each field hf_rollouts does not use goes out with its
 neutral value (:data:`NEUTRAL_FIELDS`). vLLM fills a field the request leaves unset from the served
 model's ``generation_config.json`` (``--generation-config auto``, its default;
 ``ModelConfig.get_diff_sampling_param`` and ``CompletionRequest.to_sampling_params``), and recent
@@ -52,6 +52,8 @@ def sampling_fields(sampling: SamplingConfig, max_tokens: int | None = None) -> 
         "top_p": sampling.top_p,
         **NEUTRAL_FIELDS,
     }
+    if sampling.top_k:  # SamplingConfig's top-k (0: off, sent as the neutral -1)
+        fields["top_k"] = sampling.top_k
     if sampling.stop:
         fields.update({"stop": list(sampling.stop), STOP_TEXT_FIELD: True})
     return fields
@@ -75,6 +77,8 @@ def _reshaping(settings: OpenAISettings, sampling: SamplingConfig) -> list[str]:
     found = []
     if sampling.temperature > 0 and sampling.top_p < 1:  # greedy ignores top-p
         found.append(f"top_p={sampling.top_p:g}")
+    if sampling.temperature > 0 and sampling.top_k:
+        found.append(f"top_k={sampling.top_k}")
     extra = settings.extra_body
     for name, neutral in NEUTRAL_FIELDS.items():
         value = extra.get(name, neutral)

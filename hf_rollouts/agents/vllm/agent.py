@@ -307,7 +307,7 @@ class VLLMAgent(Agent):
             n=1,
             temperature=s.temperature,
             top_p=1.0 if greedy else s.top_p,
-            top_k=0,  # off
+            top_k=0 if greedy else s.top_k,  # 0: off
             min_p=0.0,
             presence_penalty=0.0,
             frequency_penalty=0.0,

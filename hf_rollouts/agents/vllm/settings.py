@@ -146,16 +146,18 @@ def parse_vllm_spec(spec: str) -> str:
 
 
 def check_logprob_settings(settings: VLLMSettings, sampling: SamplingConfig) -> None:
-    """Raise ``ValueError`` for ``logprobs_mode="processed"`` with top-p active.
+    """Raise ``ValueError`` for ``logprobs_mode="processed"`` with top-p or top-k active.
 
-    The agent sends top-k, min-p and penalties at their neutral values, so top-p is the only setting that makes
+    The agent sends min-p and penalties at their neutral values, so top-p and top-k are the only settings that make
     vLLM's processed log-probs differ from ``log_softmax(logits / T)``."""
-    if settings.logprobs_mode == "processed" and sampling.temperature > 0 and sampling.top_p < 1:
+    active = [f"top_p={sampling.top_p:g}"] if sampling.top_p < 1 else []
+    active += [f"top_k={sampling.top_k}"] if sampling.top_k else []
+    if settings.logprobs_mode == "processed" and sampling.temperature > 0 and active:
         raise ValueError(
-            f"logprobs_mode='processed' with top_p={sampling.top_p:g}: vLLM's processed log-probs are taken after "
-            "top-p (renormalised over the tokens it keeps), but hf_rollouts stores and training recomputes "
-            "log_softmax(logits / temperature) before it, so the PPO ratio would be biased. Use top_p=1, or "
-            "logprobs_mode='raw' (log_softmax(logits), recorded as temperature 1, unaffected by top-p)."
+            f"logprobs_mode='processed' with {', '.join(active)}: vLLM's processed log-probs are taken after "
+            "top-k/top-p (renormalised over the tokens they keep), but hf_rollouts stores and training recomputes "
+            "log_softmax(logits / temperature) before them, so the PPO ratio would be biased. Use top_p=1 and "
+            "top_k=0, or logprobs_mode='raw' (log_softmax(logits), recorded as temperature 1, unaffected by both)."
         )
 
 
