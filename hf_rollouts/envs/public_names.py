@@ -74,7 +74,8 @@ class _PublicNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self._specs: dict[str, Any] = {}
 
     def find_spec(self, fullname: str, path: Any = None, target: ModuleType | None = None) -> Any:
-        if home_module(fullname) is None:
+        home = home_module(fullname)
+        if home is None or importlib.util.find_spec(home) is None:  # not public, or no such module: not ours
             return None
         return importlib.util.spec_from_loader(fullname, self)
 
