@@ -248,6 +248,17 @@ class VerifiersEnv(AdapterEnv):
         episode.message = opening[-1][1]
         return episode
 
+    async def _prompt_now(self, episode: VerifiersEpisode) -> list:
+        """The env's prompt messages after the model's last response (its ``env_response`` runs here); an error
+        verifiers reports is recorded on the state, as its own rollout does, and raised."""
+        try:
+            prompt = list(await self.vf_env.get_prompt_messages(episode.state))
+        except self.vf.Error as exc:
+            episode.state["error"] = exc
+            prompt = episode.prompt
+        self._raise_error(episode.state)
+        return prompt
+
     def _raise_error(self, state: Any) -> None:
         error = state.get("error")
         if error is not None:
@@ -257,7 +268,7 @@ class VerifiersEnv(AdapterEnv):
         self, session_id: str, episode: VerifiersEpisode, action: str
     ) -> tuple[VerifiersEpisode, float, bool, dict[str, Any]]:
         self.check_live(episode)
-        env, vf, state = self.vf_env, self.vf, episode.state
+        env, state = self.vf_env, episode.state
         from verifiers.legacy.types import Response, ResponseMessage
 
         if not episode.ended_at_tools:  # else the answer comes after verifiers' end: not its rollout's
@@ -267,12 +278,7 @@ class VerifiersEnv(AdapterEnv):
             )
             await env.add_model_response(state, episode.prompt, response)
         if not await env.is_completed(state):
-            try:
-                prompt = list(await env.get_prompt_messages(state))
-            except vf.Error as exc:
-                state["error"] = exc
-                prompt = episode.prompt
-            self._raise_error(state)
+            prompt = await self._prompt_now(episode)
             if state.get("final_env_response") is None and not await env.is_completed(state):
                 new = prompt[len(episode.prompt) + 1 :]  # after the assistant message just added
                 texts = [_text(m, "the env's response") for m in new]
@@ -295,7 +301,7 @@ class VerifiersEnv(AdapterEnv):
     async def _call_tools(self, session_id: str, episode: VerifiersEpisode, calls: list[ToolCall]) -> list[ToolResult]:
         """One tool-calling turn, run by verifiers: the calls go in as the model's ``tool_calls``, its
         ``env_response`` answers them with ``tool`` messages (matched back by call id)."""
-        env, vf, state = self.vf_env, self.vf, episode.state
+        env, state = self.vf_env, episode.state
         from verifiers.legacy.types import Response, ResponseMessage
         from verifiers.legacy.types import ToolCall as VfToolCall
 
@@ -308,12 +314,7 @@ class VerifiersEnv(AdapterEnv):
         if await env.is_completed(state):  # e.g. its own turn limit: nothing will read the results
             episode.ended_at_tools = True
             return [ToolResult(c, "Error: not run, the environment ended the episode.", "not_run") for c in calls]
-        try:
-            prompt = list(await env.get_prompt_messages(state))
-        except vf.Error as exc:
-            state["error"] = exc
-            prompt = episode.prompt
-        self._raise_error(state)
+        prompt = await self._prompt_now(episode)
         new = prompt[len(episode.prompt) + 1 :]  # after the assistant message just added
         answers: dict[str, str] = {}
         for m in new:
