@@ -313,7 +313,7 @@ def _agent_info(agent) -> tuple[dict, object]:
 
     if isinstance(agent, AgentRecipe):  # a TransformersAgent that only the Ray workers loaded
         fingerprint = agent.fingerprint()
-        info = {"model": fingerprint["model"], "sampling": fingerprint["sampling"], "device": "the Ray workers'"}
+        info = {"model": fingerprint["model"], "sampling": fingerprint["sampling"], "device": "Ray workers"}
         return info, agent.load_tokenizer()
     return agent.describe(), agent.tokenizer
 
