@@ -25,6 +25,16 @@ PACKAGE = pathlib.Path(hf_rollouts.__file__).parent
 
 
 # -- the import graph ---------------------------------------------------------------------------
+def _imported_from(node: ast.ImportFrom, pkg: str) -> str:
+    """The absolute module a ``from ... import`` statement of a module in package ``pkg`` imports from."""
+    if not node.level:
+        return node.module or ""
+    anchor = pkg
+    for _ in range(node.level - 1):
+        anchor = anchor.rsplit(".", 1)[0]
+    return f"{anchor}.{node.module}" if node.module else anchor
+
+
 def _module_graph() -> dict[str, set[str]]:
     """Every import statement of the package (function-level ones too), plus implied package __init__ edges."""
     mods = {}
@@ -38,12 +48,7 @@ def _module_graph() -> dict[str, set[str]]:
         deps: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = pkg
-                    for _ in range(node.level - 1):
-                        anchor = anchor.rsplit(".", 1)[0]
-                    base = f"{anchor}.{node.module}" if node.module else anchor
+                base = _imported_from(node, pkg)
                 targets = [f"{base}.{a.name}" for a in node.names] + [base]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -154,12 +159,7 @@ def test_no_module_imports_another_modules_private_names():
         modules: set[str] = set()  # local names bound to package modules
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = pkg
-                    for _ in range(node.level - 1):
-                        anchor = anchor.rsplit(".", 1)[0]
-                    base = f"{anchor}.{node.module}" if node.module else anchor
+                base = _imported_from(node, pkg)
                 if not base.startswith("hf_rollouts"):
                     continue
                 for alias in node.names:
