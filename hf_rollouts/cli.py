@@ -274,29 +274,48 @@ def cmd_tasks(argv: list[str]) -> int:
     return 0
 
 
-def _load_agent(args, sampling, options):
-    from .agents.loading import load_agent
+def _agent(args, sampling, options, executor: str):
+    """The agent of ``generate``; with ``--executor ray``, the recipe the workers build it from when its fingerprint
+    can be read without loading the model (:meth:`~hf_rollouts.agents.loading.AgentRecipe.fingerprint`), so the
+    driver never loads it."""
+    from .agents.loading import AgentRecipe
 
-    return load_agent(
-        args.model,
-        sampling,
-        seed=options.seed,
-        backend=args.backend,
-        reuse_kv=not args.no_reuse_kv,
-        tokenizer=args.tokenizer,
-        trust_remote_code=args.trust_remote_code,
-        endpoint={
-            **({"concurrency": args.concurrency} if args.concurrency is not None else {}),
-            "timeout": args.request_timeout,
-            "max_retries": args.max_retries,
-            "logprobs_mode": args.logprobs_mode,
-        },
-        engine={
-            **({"concurrency": args.concurrency} if args.concurrency is not None else {}),
-            "logprobs_mode": args.logprobs_mode,
-            **_json_dict(args.engine_args, "--engine-args"),
+    recipe = AgentRecipe(
+        spec=args.model,
+        kwargs={
+            "sampling": sampling,
+            "seed": options.seed,
+            "backend": args.backend,
+            "reuse_kv": not args.no_reuse_kv,
+            "tokenizer": args.tokenizer,
+            "trust_remote_code": args.trust_remote_code,
+            "endpoint": {
+                **({"concurrency": args.concurrency} if args.concurrency is not None else {}),
+                "timeout": args.request_timeout,
+                "max_retries": args.max_retries,
+                "logprobs_mode": args.logprobs_mode,
+            },
+            "engine": {
+                **({"concurrency": args.concurrency} if args.concurrency is not None else {}),
+                "logprobs_mode": args.logprobs_mode,
+                **_json_dict(args.engine_args, "--engine-args"),
+            },
         },
     )
+    if executor == "ray" and recipe.fingerprint() is not None:
+        return recipe
+    return recipe.build()
+
+
+def _agent_info(agent) -> tuple[dict, object]:
+    """What the card says about the agent, and its tokenizer (for a recipe: read from its files)."""
+    from .agents.loading import AgentRecipe
+
+    if isinstance(agent, AgentRecipe):  # a TransformersAgent that only the Ray workers loaded
+        fingerprint = agent.fingerprint()
+        info = {"model": fingerprint["model"], "sampling": fingerprint["sampling"], "device": "Ray workers"}
+        return info, agent.load_tokenizer()
+    return agent.describe(), agent.tokenizer
 
 
 def cmd_generate(argv: list[str]) -> int:
@@ -337,7 +356,7 @@ def cmd_generate(argv: list[str]) -> int:
         warnings.simplefilter("ignore", UnknownConfigKeyWarning)
         validate_tasks(as_task_dataset(tasks), allowed_modules, allowed_models)
     try:
-        agent = _load_agent(args, sampling, options)
+        agent = _agent(args, sampling, options, where.executor)
     except (ValueError, TypeError) as exc:  # settings the agent refuses (e.g. processed log-probs with top_p < 1)
         raise UsageError(str(exc)) from exc
     except ModelNotFoundError:  # a --model folder that does not exist: the message says so
@@ -364,18 +383,19 @@ def cmd_generate(argv: list[str]) -> int:
     if not state.is_main_process:
         return 0
     ds = with_logprob_dtype(ds, args.logprob_dtype)
-    info = {**agent.describe(), "tokenizer": agent.tokenizer.name_or_path or args.model}
+    described, tokenizer = _agent_info(agent)
+    info = {**described, "tokenizer": tokenizer.name_or_path or args.model}
     card = render_card(
         ds,
         agent_info=info,
         seed=options.seed,
         run_options=asdict(options),
         executor_report=executor.report,
-        pad_token_id=agent.tokenizer.pad_token_id,
+        pad_token_id=tokenizer.pad_token_id,
         load_path=args.push_to_hub or str(Path(args.output).resolve()),
     )
     save_rollouts(ds, args.output, card, overwrite=args.overwrite)
-    agent.tokenizer.save_pretrained(str(Path(args.output) / "tokenizer"))
+    tokenizer.save_pretrained(str(Path(args.output) / "tokenizer"))
     stats = compute_stats(ds)
     print(
         f"\nwrote {len(ds)} tasks x {num_rollouts} rollouts to {args.output} (card: {Path(args.output) / 'README.md'})"

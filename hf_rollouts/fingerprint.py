@@ -33,14 +33,14 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
 
 def rollout_fingerprint(
     tasks: Dataset,
-    agent: Agent,
+    agent: Agent | dict[str, Any],
     tokenizer: PreTrainedTokenizerBase,
     opts: Any,
     envs: dict[str, Any] | None = None,
 ) -> str:
     """Hash of everything that changes :func:`~hf_rollouts.pipeline.generate_rollouts`' output: the input dataset's
     fingerprint, each env's fingerprint (``envs``: source, data files), the agent's fingerprint (weights probe, sampling
-    settings, negotiated mode), the tokenizer, every field of ``opts`` (a
+    settings, negotiated mode; ``agent`` is the agent or that fingerprint), the tokenizer, every field of ``opts`` (a
     :class:`~hf_rollouts.pipeline.RolloutOptions`) but those it lists in ``not_in_fingerprint`` (they do not change
     the rows, e.g. ``env_workers``), the library version and the rollout columns' schema."""
     unfingerprinted = getattr(opts, "not_in_fingerprint", ())
@@ -48,7 +48,7 @@ def rollout_fingerprint(
         {
             "tasks": tasks._fingerprint,
             "envs": envs or {},
-            "agent": agent.fingerprint(),
+            "agent": agent if isinstance(agent, dict) else agent.fingerprint(),
             "tokenizer": tokenizer_fingerprint(tokenizer),
             "options": {f.name: getattr(opts, f.name) for f in fields(opts) if f.name not in unfingerprinted},
             "hf_rollouts": __version__,

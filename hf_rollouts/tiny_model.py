@@ -21,6 +21,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from .paths import cache_root
+
 BUILD_VERSION = 3  # bump when the recipe changes, so old caches are not reused
 PAD, EOS = "<|pad|>", "<|end|>"
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
@@ -66,15 +68,10 @@ SIZES = {
 }
 
 
-def default_cache_dir() -> Path:
-    """``$HF_ROLLOUTS_CACHE`` or ``~/.cache/hf_rollouts``."""
-    return Path(os.environ.get("HF_ROLLOUTS_CACHE", Path.home() / ".cache" / "hf_rollouts"))
-
-
 def _training_text() -> list[str]:
     pkg = resources.files("hf_rollouts")
     lines = pkg.joinpath("data/corpus.txt").read_text(encoding="utf-8").splitlines()
-    kb_file = pkg.joinpath("envs/twenty_questions/objects.json")
+    kb_file = pkg.joinpath("envs/games/twenty_questions/objects.json")
     if kb_file.is_file():
         kb = json.loads(kb_file.read_text(encoding="utf-8"))
         lines += [a["question"] for a in kb["attributes"].values()]
@@ -108,7 +105,7 @@ def build_tiny_model(
     """Return ``(model, tokenizer)`` for the embedded default model.
 
     Built once per ``(seed, size)`` under ``cache_dir`` (default
-    :func:`default_cache_dir`) and reloaded from there with ``from_pretrained``.
+    :func:`hf_rollouts.paths.cache_root`) and reloaded from there with ``from_pretrained``.
     The result is deterministic: the same seed gives the same weights and vocabulary.
     """
     if size not in SIZES:
@@ -144,11 +141,16 @@ def build_tiny_model(
             shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.config._name_or_path = f"hf_rollouts/tiny-{size}-seed{seed}"
+    model.config._name_or_path = tiny_model_name(seed, size)
     return model, tokenizer
 
 
+def tiny_model_name(seed: int = 0, size: str = "tiny") -> str:
+    """The model's ``_name_or_path`` (the agent's name in fingerprints and dataset cards)."""
+    return f"hf_rollouts/tiny-{size}-seed{seed}"
+
+
 def tiny_model_path(seed: int = 0, size: str = "tiny", cache_dir: str | Path | None = None) -> Path:
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
     root.mkdir(parents=True, exist_ok=True)
     return root / f"tiny-v{BUILD_VERSION}-{size}-seed{seed}"

@@ -37,8 +37,26 @@ The rule (:meth:`Episode.check` and the pipeline enforce it): an episode is
 finite per-token and final rewards."""
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A real number that is not a bool (``True`` is an int to Python, never a reward here); NaN and inf included."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def is_finite_number(value: Any) -> bool:
+    """:func:`is_number` and finite: what a reward handed over by an environment must be."""
+    return is_number(value) and math.isfinite(value)
+
+
+INFO_SCALARS = (str, int, float, bool, type(None))
+"""Types of the ``info`` values kept from another ecosystem's step (:func:`scalar_info`)."""
+
+
+def scalar_info(info: Any) -> dict[str, Any]:
+    """The JSON scalar entries of an ``info``/``metadata`` mapping another ecosystem returned (``{}`` for anything
+    else): what a turn's ``info`` keeps of it (nested objects, arrays and objects of other types are left out)."""
+    if not isinstance(info, dict):
+        return {}
+    return {str(k): v for k, v in info.items() if isinstance(v, INFO_SCALARS)}
 
 
 def reward_rule_violation(status: str, final_reward: float, per_token_rewards: list[float]) -> str | None:
@@ -47,12 +65,12 @@ def reward_rule_violation(status: str, final_reward: float, per_token_rewards: l
     A reward that is not a number (``None``, a string, a bool) breaks it too: it is reported
     here rather than raised as a ``TypeError`` from ``math.isnan``.
     """
-    if not _is_number(final_reward):
+    if not is_number(final_reward):
         return (
             f"status {status!r} with a non-numeric final reward {final_reward!r} ({type(final_reward).__name__}); "
             "the final reward must be a float (NaN exactly for 'error' episodes)"
         )
-    bad = next((r for r in per_token_rewards if type(r) is not float and not _is_number(r)), None)
+    bad = next((r for r in per_token_rewards if type(r) is not float and not is_number(r)), None)
     if bad is not None:
         return f"status {status!r} with a non-numeric per-token reward {bad!r} ({type(bad).__name__})"
     if (status == "error") != math.isnan(final_reward):

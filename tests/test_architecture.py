@@ -1,5 +1,7 @@
-"""The layout's promises: no import cycle, envs/training reach only what they may, one declaration per column,
-optional task generation, and check_env on every shipped env and on broken envs of each kind."""
+"""The layout's promises: no import cycle, every import pointing down the README's layer table, no private name
+imported across modules, optional packages imported lazily, envs/training/executors reaching only what they may, one
+declaration per column, optional task generation, and check_env on every shipped env and on broken envs of each
+kind."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import ast
 import math
 import pathlib
 import random
+import re
 import subprocess
 from dataclasses import dataclass
 
@@ -22,6 +25,16 @@ PACKAGE = pathlib.Path(hf_rollouts.__file__).parent
 
 
 # -- the import graph ---------------------------------------------------------------------------
+def _imported_from(node: ast.ImportFrom, pkg: str) -> str:
+    """The absolute module a ``from ... import`` statement of a module in package ``pkg`` imports from."""
+    if not node.level:
+        return node.module or ""
+    anchor = pkg
+    for _ in range(node.level - 1):
+        anchor = anchor.rsplit(".", 1)[0]
+    return f"{anchor}.{node.module}" if node.module else anchor
+
+
 def _module_graph() -> dict[str, set[str]]:
     """Every import statement of the package (function-level ones too), plus implied package __init__ edges."""
     mods = {}
@@ -35,12 +48,7 @@ def _module_graph() -> dict[str, set[str]]:
         deps: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = pkg
-                    for _ in range(node.level - 1):
-                        anchor = anchor.rsplit(".", 1)[0]
-                    base = f"{anchor}.{node.module}" if node.module else anchor
+                base = _imported_from(node, pkg)
                 targets = [f"{base}.{a.name}" for a in node.names] + [base]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -84,6 +92,125 @@ def test_layers_point_down():
     assert outside <= {"hf_rollouts.schema", "hf_rollouts.sources"}, outside
     rollout = [m for m in graph if m.startswith("hf_rollouts.rollout")]
     assert not [m for m in _reach(graph, rollout) if m.startswith("hf_rollouts.envs")]
+
+
+# -- the README's layer table, enforced -------------------------------------------------------------
+def _readme_layers() -> list[list[str]]:
+    """The README's layer table (``## Architecture``, its first code block), bottom to top: per line, the module
+    names before the description (relative to ``hf_rollouts``; ``a.{b,c}`` is ``a.b, a.c``)."""
+    section = (PACKAGE.parent / "README.md").read_text().split("## Architecture\n", 1)[1]
+    block = section.split("```", 2)[1]
+    layers = []
+    for line in block.strip().splitlines():
+        names = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
+        layer = []
+        for token in re.findall(r"[^,\s{]+(?:\{[^}]*\})?", names):
+            prefix, _, inner = token.partition("{")
+            layer += [prefix + part for part in inner.rstrip("}").split(",")] if inner else [prefix]
+        layers.append(layer)
+    return layers
+
+
+def _layer_of(module: str, layers: list[list[str]]) -> int | None:
+    """The layer of ``module``: the line of the longest table name that is it or a package above it (the package
+    itself: above every line)."""
+    if module == "hf_rollouts":
+        return len(layers)
+    rel = module.removeprefix("hf_rollouts.")
+    found = [
+        (len(name), i) for i, layer in enumerate(layers) for name in layer if rel == name or rel.startswith(name + ".")
+    ]
+    return max(found)[1] if found else None
+
+
+def test_the_readme_layer_table_names_every_module_and_nothing_else():
+    layers, graph = _readme_layers(), _module_graph()
+    assert len(layers) >= 10, layers
+    unplaced = sorted(m for m in graph if _layer_of(m, layers) is None)
+    assert not unplaced, f"modules the README's layer table does not place (add them to a line): {unplaced}"
+    stale = [n for layer in layers for n in layer if f"hf_rollouts.{n}" not in graph]
+    assert not stale, f"the README's layer table names modules that do not exist: {stale}"
+
+
+def test_every_import_points_down_the_readme_layer_table():
+    layers, graph = _readme_layers(), _module_graph()
+    upward = sorted(
+        f"{mod} (line {_layer_of(mod, layers) + 1}) imports {dep} (line {_layer_of(dep, layers) + 1})"
+        for mod, deps in graph.items()
+        for dep in deps
+        if _layer_of(dep, layers) > _layer_of(mod, layers)
+    )
+    assert not upward, "imports that point up the README's layer table:\n" + "\n".join(upward)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def test_no_module_imports_another_modules_private_names():
+    """``from .x import _name`` and ``x._name`` on an imported package module are what a module keeps to itself;
+    another module that needs one gets a public name (``_version``, the version module, is the one private module)."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        mod = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        tree = ast.parse(path.read_text())
+        modules: set[str] = set()  # local names bound to package modules
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = _imported_from(node, pkg)
+                if not base.startswith("hf_rollouts"):
+                    continue
+                for alias in node.names:
+                    target = f"{base}.{alias.name}"
+                    if (PACKAGE.parent / target.replace(".", "/")).with_suffix(".py").is_file() or (
+                        PACKAGE.parent / target.replace(".", "/") / "__init__.py"
+                    ).is_file():
+                        modules.add(alias.asname or alias.name)
+                        if _private(alias.name) and alias.name != "_version":
+                            found.append(f"{mod}:{node.lineno} imports the private module {target}")
+                    elif _private(alias.name):
+                        found.append(f"{mod}:{node.lineno} imports {alias.name} from {base}")
+            elif isinstance(node, ast.Import):
+                modules.update(a.asname for a in node.names if a.name.startswith("hf_rollouts") and a.asname)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+                if _private(node.attr):
+                    found.append(f"{mod}:{node.lineno} uses {node.value.id}.{node.attr}")
+    assert not found, "private names used across modules (make them public, or move them):\n" + "\n".join(found)
+
+
+LAZY_PACKAGES = ("vllm", "mcp", "trl", "ray", "textarena", "reasoning_gym", "skyrl_gym", "openenv", "verifiers")
+"""What the README says is imported lazily: only inside a function, when the part that needs it runs."""
+
+
+def _import_time_statements(tree: ast.AST):
+    """Statements that run when the module is imported: everything but function bodies."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        yield node
+        yield from _import_time_statements(node)
+
+
+def test_optional_packages_are_imported_lazily():
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in _import_time_statements(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            found += [f"{path.relative_to(PACKAGE)}:{node.lineno} imports {n}" for n in names
+                      if n.split(".")[0] in LAZY_PACKAGES]  # fmt: skip
+    assert not found, found
+
+
+def test_executors_know_no_rollouts():
+    graph = _module_graph()
+    executors = [m for m in graph if m.startswith("hf_rollouts.executors")]
+    outside = {m for m in _reach(graph, executors) if not m.startswith("hf_rollouts.executors")}
+    assert outside <= {"hf_rollouts.shard_cache", "hf_rollouts.distributed"}, outside
 
 
 def test_every_rollout_column_is_declared_once():

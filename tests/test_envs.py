@@ -36,6 +36,62 @@ def test_registered_env_contract(name, tokenizer):
     assert len(out["statuses"]) == 4 and all(s in ("done", "truncated") for s in out["statuses"])
 
 
+# -- public names: what task rows and users' code say, wherever the code lives ----------------------
+STORED_PATHS = [  # the forms task datasets already hold (registry names, get_train_dataset's, adapter prefixes)
+    ("hf_rollouts.envs.twenty_questions.TwentyQuestionsEnv", "games.twenty_questions.env"),
+    ("hf_rollouts.envs.twenty_questions.env.TwentyQuestionsEnv", "games.twenty_questions.env"),
+    ("hf_rollouts.envs.mastermind.MastermindEnv", "games.mastermind.env"),
+    ("hf_rollouts.envs.mastermind.env.MastermindEnv", "games.mastermind.env"),
+    ("hf_rollouts.envs.guess_number.env.GuessNumberEnv", "games.guess_number.env"),
+    ("hf_rollouts.envs.hidden_function.HiddenFunctionEnv", "games.hidden_function.env"),
+    ("hf_rollouts.envs.textarena.env.TextArenaEnv", "adapters.textarena.env"),
+    ("hf_rollouts.envs.reasoning_gym.ReasoningGymEnv", "adapters.reasoning_gym.env"),
+    ("hf_rollouts.envs.reasoning_gym.env.ReasoningGymEnv", "adapters.reasoning_gym.env"),
+    ("hf_rollouts.envs.skyrl.SkyRLGymEnv", "adapters.skyrl.env"),
+    ("hf_rollouts.envs.skyrl.env.SkyRLGymEnv", "adapters.skyrl.env"),
+    ("hf_rollouts.envs.openenv.OpenEnvEnv", "adapters.openenv.env"),
+    ("hf_rollouts.envs.verifiers.VerifiersEnv", "adapters.verifiers.env"),
+]
+
+
+@pytest.mark.parametrize("path, home", STORED_PATHS)
+def test_stored_env_class_paths_resolve_to_the_one_class(path, home):
+    import importlib
+    import sys
+
+    from hf_rollouts.envs.registry import resolve_env_class
+
+    cls = resolve_env_class(path)
+    assert cls.__module__ == f"hf_rollouts.envs.{home}"
+    public = path.rsplit(".", 1)[0]
+    assert importlib.import_module(public) is sys.modules[public]
+    assert getattr(importlib.import_module(public), cls.__name__) is cls  # the same class object, not a copy
+    assert importlib.import_module(public).__spec__.name == importlib.import_module(public).__name__
+    assert class_path(cls).startswith("hf_rollouts.envs.") and ".games." not in class_path(cls)
+    assert ".adapters." not in class_path(cls)
+    assert resolve_env_class(class_path(cls)) is cls
+
+
+def test_rows_store_public_paths_and_the_trust_rule_is_unchanged(tokenizer):
+    from hf_rollouts.envs.public_names import PUBLIC_PACKAGES, home_module, public_module
+    from hf_rollouts.envs.registry import resolve_env_class
+    from hf_rollouts.schema import TaskValidationError
+
+    rows = MastermindEnv(tokenizer, {"max_turns": 2}).get_train_dataset(2)
+    assert rows["env_class_path"] == ["hf_rollouts.envs.mastermind.env.MastermindEnv"] * 2
+    for public in PUBLIC_PACKAGES:
+        home = home_module(f"hf_rollouts.envs.{public}.env")
+        assert home.startswith("hf_rollouts.envs.") and public_module(home) == f"hf_rollouts.envs.{public}.env"
+    assert home_module("hf_rollouts.envs.mastermindx") is None and public_module("mypkg.env") == "mypkg.env"
+    with pytest.raises(TaskValidationError, match="outside the modules trusted"):  # the prefix rule, unchanged
+        resolve_env_class("hf_rollouts_envs.mastermind.MastermindEnv")
+    with pytest.raises(TaskValidationError, match="cannot import module"):
+        resolve_env_class("hf_rollouts.envs.mastermind.nope.MastermindEnv")
+    with pytest.raises(ModuleNotFoundError) as missing:  # named by its public name, as for any missing module
+        __import__("hf_rollouts.envs.mastermind.nope")
+    assert missing.value.name == "hf_rollouts.envs.mastermind.nope"
+
+
 # -- Twenty Questions -----------------------------------------------------------
 def test_twenty_questions_init_parses_config(tokenizer):
     env = TwentyQuestionsEnv(tokenizer, {"hardcore": True, "max_turns": 8, "question_reward": -0.01})

@@ -64,3 +64,60 @@ def test_options_go_to_the_run_or_the_executor(tasks, tokenizer, tmp_path):
     with pytest.raises(ValueError, match="exactly one of spec= .* and factory="):
         AgentRecipe()
     assert agent.calls == 0
+
+
+# -- an agent given as its recipe: fingerprinted from its files, built only where shards run -------------------
+def test_a_recipe_fingerprint_read_from_the_files_equals_the_loaded_agents(tmp_path):
+    import torch
+
+    from hf_rollouts.agents import SamplingConfig, load_agent
+    from hf_rollouts.tiny_model import build_tiny_model
+
+    sampling = SamplingConfig(temperature=0.7, top_k=5, max_new_tokens=5)
+    for kwargs in [
+        {},
+        {"sampling": SamplingConfig(temperature=0.7, max_new_tokens=5), "seed": 3, "backend": "continuous"},
+        {"sampling": sampling, "cache": "static"},  # a forced cache is recorded, and static keeps no KV
+        {"sampling": sampling, "cache": "dynamic", "reuse_kv": False},
+    ]:
+        agent = load_agent("tiny", **kwargs)
+        assert agent.recipe.fingerprint() == agent.fingerprint()
+    assert load_agent("tiny", cache="static").fingerprint() != load_agent("tiny").fingerprint()
+    model, tokenizer = build_tiny_model(seed=1)
+    for dtype in (torch.bfloat16, torch.float32):  # a local folder, sharded, loaded with dtype="auto"
+        folder = tmp_path / str(dtype)
+        model.to(dtype).save_pretrained(folder, max_shard_size="100KB")
+        tokenizer.save_pretrained(folder)
+        agent = load_agent(str(folder), reuse_kv=False)
+        assert len(list(folder.glob("*.safetensors"))) > 1
+        assert agent.recipe.fingerprint() == agent.fingerprint()
+        assert agent.recipe.load_tokenizer().get_vocab() == agent.tokenizer.get_vocab()
+    (folder / "model.safetensors.index.json").unlink()  # weights it cannot read: only building tells
+    assert AgentRecipe(spec=str(folder)).fingerprint() is None
+    assert AgentRecipe(factory=ScriptedAgent, kwargs={"responses": ["1"]}).fingerprint() is None
+    assert AgentRecipe(spec="openai:http://127.0.0.1:9/v1#m").fingerprint() is None
+
+
+def test_a_recipe_runs_like_its_agent_and_is_built_only_where_shards_run(tasks, tmp_path, monkeypatch):
+    from hf_rollouts.agents import SamplingConfig, load_agent
+    from hf_rollouts.agents.loading import AgentRecipe as Recipe
+
+    agent = load_agent("tiny", SamplingConfig(temperature=1.0, max_new_tokens=6))
+    kw = {"shard_size": 2, "batch_size": 2, "progress": False, "executor": LocalExecutor()}
+    loaded = generate_rollouts(tasks, agent, 2, cache_dir=tmp_path / "a", **kw)
+    built = []
+    build = Recipe.build
+    monkeypatch.setattr(Recipe, "build", lambda self: built.append(1) or build(self))
+    recipe = agent.recipe
+    from_recipe = generate_rollouts(tasks, recipe, 2, cache_dir=tmp_path / "b", **kw)
+    assert from_recipe.to_list() == loaded.to_list()
+    names = sorted(p.name for p in (tmp_path / "a").glob("*.arrow"))
+    assert names == sorted(p.name for p in (tmp_path / "b").glob("*.arrow"))  # the same cache key
+    assert built == [1]  # once, by the shard task, when the first shard ran
+    built.clear()
+    generate_rollouts(tasks, recipe, 2, cache_dir=tmp_path / "b", **kw)
+    assert built == []  # every shard reused: the model is never loaded
+    # a recipe whose fingerprint is not its agent's is refused where the agent is built, naming what differs
+    monkeypatch.setattr(Recipe, "fingerprint", lambda self: {**agent.fingerprint(), "weights_probe": "other"})
+    with pytest.raises(ValueError, match=r"not the driver's \(agent differ"):
+        generate_rollouts(tasks, recipe, 2, cache_dir=tmp_path / "c", **kw)

@@ -140,7 +140,9 @@ def test_the_static_and_dynamic_caches_give_the_growing_caches_tokens(tiny, toke
     assert agents["growing"].kv_reused_calls > 0 and agents["dynamic"].kv_reused_calls > 0
     assert agents["static"].kv_reused_calls == 0 and not agents["static"].reuse_kv  # sized per call, never kept
     assert agents["static"].fingerprint()["sampling"]["cache"] == "static"
-    assert "cache" not in agents["growing"].fingerprint()["sampling"]  # the keys runs had before caches were chosen
+    assert agents["growing"].fingerprint()["sampling"]["cache"] == "growing"  # a forced cache is recorded
+    default = TransformersAgent(model, tokenizer, max_new_tokens=6, temperature=temperature, seed=3)
+    assert "cache" not in default.fingerprint()["sampling"]  # auto: the keys runs had before caches were chosen
     base = runs["growing"]
     for kind in ("dynamic", "static"):
         assert runs[kind]["padded_full_token_ids"] == base["padded_full_token_ids"], kind

@@ -178,10 +178,10 @@ def test_cache_key_covers_agents_that_cannot_describe_themselves(tasks, tokenize
 
 def test_cache_key_covers_the_env_implementation(tasks, tokenizer, tmp_path, monkeypatch):
     from hf_rollouts.envs.registry import validate_tasks
-    from hf_rollouts.pipeline import RolloutOptions, _EnvCache, rollout_fingerprint
+    from hf_rollouts.pipeline import EnvCache, RolloutOptions, rollout_fingerprint
 
     agent, opts = ScriptedAgent(["1"]), RolloutOptions(num_rollouts=1)
-    envs = _EnvCache(validate_tasks(tasks), tokenizer)
+    envs = EnvCache(validate_tasks(tasks), tokenizer)
     for path, config in zip(tasks["env_class_path"], tasks["env_config"]):
         envs.get(path, config)
     before = rollout_fingerprint(tasks, agent, tokenizer, opts, envs.fingerprints())

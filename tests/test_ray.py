@@ -267,3 +267,25 @@ def test_cli_executor_ray(cluster, tmp_path):
     assert remote.remove_columns("padded_logprobs").to_list() == local.remove_columns("padded_logprobs").to_list()
     for a, b in zip(local["padded_logprobs"], remote["padded_logprobs"]):  # float summation order: thread counts
         np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-4)
+
+
+def test_the_ray_driver_never_loads_the_model(cluster, tmp_path, monkeypatch):
+    """With --executor ray the driver reads the model's fingerprint from its files (same cache key as a run that
+    loaded it) and only the workers load it."""
+    from hf_rollouts.agents.hf import TransformersAgent
+    from hf_rollouts.cli import main
+
+    args = ["generate", "--env", "guess_number", "--num-tasks", "3", "--num-rollouts", "2", "--env-config",
+            '{"max_turns": 2}', "--max-new-tokens", "6", "--shard-size", "2", "--batch-size", "2"]  # fmt: skip
+    assert main([*args, "--output", str(tmp_path / "local"), "--cache-dir", str(tmp_path / "c1")]) == 0
+
+    def refuse(*_, **__):
+        raise AssertionError("the Ray driver loaded the model")
+
+    monkeypatch.setattr(TransformersAgent, "__init__", refuse)  # this process only: the workers are others
+    ray_args = ["--executor", "ray", "--ray-address", cluster.address, "--num-workers", "2"]
+    assert main([*args, *ray_args, "--output", str(tmp_path / "ray"), "--cache-dir", str(tmp_path / "c2")]) == 0
+    names = sorted(p.name for p in (tmp_path / "c1").glob("*.arrow"))
+    assert names and names == sorted(p.name for p in (tmp_path / "c2").glob("*.arrow"))  # the same cache key
+    local, remote = load_from_disk(str(tmp_path / "local")), load_from_disk(str(tmp_path / "ray"))
+    assert remote.remove_columns("padded_logprobs").to_list() == local.remove_columns("padded_logprobs").to_list()

@@ -104,9 +104,10 @@ class Agent(ABC):
             self._instance_nonce = uuid.uuid4().hex
         return {**self._identity(), "instance": self._instance_nonce}
 
-    def _identity(self) -> dict[str, Any]:
+    @classmethod
+    def _identity(cls) -> dict[str, Any]:
         """The agent's class, for subclasses whose fingerprint fully describes their behaviour."""
-        return {"agent": f"{type(self).__module__}.{type(self).__qualname__}"}
+        return {"agent": f"{cls.__module__}.{cls.__qualname__}"}
 
     def describe(self) -> dict[str, Any]:
         """What the dataset card says about this agent (model, sampling settings)."""

@@ -81,9 +81,85 @@ class AgentRecipe:
             raise TypeError(f"AgentRecipe factory {self.factory!r} returned {type(agent).__name__}, not an Agent.")
         return agent
 
+    def fingerprint(self) -> dict[str, Any] | None:
+        """The :meth:`~hf_rollouts.agents.base.Agent.fingerprint` of the agent :meth:`build` returns, computed without
+        building it (no model is loaded: :func:`~.hf.checkpoint.checkpoint_fingerprint`), or ``None`` when only
+        building it can tell: a factory, an endpoint or vLLM spec, a model that is not on this machine, weights that
+        are not safetensors."""
+        found = self._checkpoint()
+        if found is None:
+            return None
+        from .hf.checkpoint import checkpoint_fingerprint
+
+        folder, name, dtype = found
+        kwargs = self.kwargs
+        return checkpoint_fingerprint(
+            folder,
+            name=name,
+            sampling=kwargs.get("sampling") or SamplingConfig(),
+            seed=kwargs.get("seed", 0),
+            reuse_kv=kwargs.get("reuse_kv", True),
+            backend=kwargs.get("backend", "generate"),
+            cache=kwargs.get("cache", "auto"),
+            dtype=dtype,
+            trust_remote_code=kwargs.get("trust_remote_code", False),
+        )
+
+    def load_tokenizer(self) -> Any:
+        """The tokenizer of the agent :meth:`build` returns, loaded alone (for a recipe whose :meth:`fingerprint` is
+        known; else build the agent and take its ``tokenizer``)."""
+        found = self._checkpoint()
+        if found is None:
+            raise ValueError(f"the recipe {self.describe()} names no model folder to read a tokenizer from; build it.")
+        from transformers import AutoTokenizer
+
+        remote_code = self.kwargs.get("trust_remote_code", False)
+        tokenizer = AutoTokenizer.from_pretrained(found[0], trust_remote_code=remote_code)
+        if tokenizer.pad_token_id is None:  # as TransformersAgent.from_pretrained
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer
+
+    def _checkpoint(self) -> tuple[Path, str, Any] | None:
+        """``(folder, agent name, load dtype)`` of a spec that :func:`load_agent` loads as a
+        :class:`~.hf.TransformersAgent` from a checkpoint already on this machine; ``None`` otherwise."""
+        spec = self.spec
+        if spec is None or spec.startswith(("openai:", "vllm:")):
+            return None
+        import torch
+
+        if spec in TINY_SPECS:
+            from ..tiny_model import tiny_model_name, tiny_model_path
+
+            seed, size = self.kwargs.get("model_seed", 0), TINY_SPECS[spec]
+            folder, name, dtype = tiny_model_path(seed, size), tiny_model_name(seed, size), torch.float32
+        elif spec == "smollm2":
+            from ..smollm2 import NAME, smollm2_path
+
+            folder, name, dtype = smollm2_path(), NAME, torch.float32
+        else:
+            folder, name, dtype = _local_snapshot(spec), spec, "auto"
+        return (folder, name, dtype) if folder is not None and (folder / "config.json").is_file() else None
+
     def describe(self) -> str:
         what = repr(self.spec) if self.spec is not None else getattr(self.factory, "__qualname__", repr(self.factory))
         return f"{what} with {self.kwargs}" if self.kwargs else what
+
+
+def _local_snapshot(spec: str) -> Path | None:
+    """The folder ``from_pretrained(spec)`` reads without a download: a local folder, or (offline only, where the
+    hub cannot name a newer commit) the cached snapshot of a hub id."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if not constants.HF_HUB_OFFLINE:
+        return None
+    try:
+        found = try_to_load_from_cache(spec, "config.json")
+    except Exception:  # not a valid repo id
+        return None
+    return Path(found).parent if isinstance(found, str) else None
 
 
 def load_agent(
@@ -94,6 +170,7 @@ def load_agent(
     model_seed: int = 0,
     backend: str = "generate",
     reuse_kv: bool = True,
+    cache: str = "auto",
     tokenizer: str | None = None,
     trust_remote_code: bool = False,
     endpoint: dict[str, Any] | None = None,
@@ -102,7 +179,7 @@ def load_agent(
     """Return the agent for ``spec`` (see module docstring), with ``agent.recipe`` set to the
     :class:`AgentRecipe` that builds it again.
 
-    ``seed`` seeds sampling (an endpoint's per-request seeds); ``backend`` and ``reuse_kv``
+    ``seed`` seeds sampling (an endpoint's per-request seeds); ``backend``, ``reuse_kv`` and ``cache``
     are :class:`~.hf.TransformersAgent` options. ``endpoint`` holds extra
     :class:`~.openai.OpenAISettings` fields (concurrency,
     timeout, max_retries, ...) for ``openai:`` specs; ``engine`` holds :class:`~.vllm.VLLMSettings` fields
@@ -117,32 +194,51 @@ def load_agent(
             "model_seed": model_seed,
             "backend": backend,
             "reuse_kv": reuse_kv,
+            "cache": cache,
             "tokenizer": tokenizer,
             "trust_remote_code": trust_remote_code,
             "endpoint": endpoint,
             "engine": engine,
         },
     )
-    agent = _load(spec, sampling, seed, model_seed, backend, reuse_kv, tokenizer, trust_remote_code, endpoint, engine)
+    agent = _load(
+        spec, sampling, seed, model_seed, backend, reuse_kv, cache, tokenizer, trust_remote_code, endpoint, engine
+    )
     agent.recipe = recipe
     return agent
 
 
-def _load(spec, sampling, seed, model_seed, backend, reuse_kv, tokenizer, trust_remote_code, endpoint, engine) -> Agent:
+def _load(
+    spec, sampling, seed, model_seed, backend, reuse_kv, cache, tokenizer, trust_remote_code, endpoint, engine
+) -> Agent:
     sampling = sampling or SamplingConfig()
     if spec in TINY_SPECS:
         from ..tiny_model import build_tiny_model
 
         model, tok = build_tiny_model(seed=model_seed, size=TINY_SPECS[spec])
         return TransformersAgent(
-            model, tok, sampling, seed=seed, backend=backend, reuse_kv=reuse_kv, name=model.config._name_or_path
+            model,
+            tok,
+            sampling,
+            seed=seed,
+            backend=backend,
+            reuse_kv=reuse_kv,
+            cache=cache,
+            name=model.config._name_or_path,
         )
     if spec == "smollm2":
         from ..smollm2 import load_smollm2
 
         model, tok = load_smollm2()
         return TransformersAgent(
-            model, tok, sampling, seed=seed, backend=backend, reuse_kv=reuse_kv, name=model.config._name_or_path
+            model,
+            tok,
+            sampling,
+            seed=seed,
+            backend=backend,
+            reuse_kv=reuse_kv,
+            cache=cache,
+            name=model.config._name_or_path,
         )
     if tokenizer is not None:
         check_local_model(tokenizer, "tokenizer")
@@ -165,5 +261,11 @@ def _load(spec, sampling, seed, model_seed, backend, reuse_kv, tokenizer, trust_
         return VLLMAgent(VLLMSettings.from_dict(parse_vllm_spec(spec), options), sampling=sampling)
     check_local_model(spec)
     return TransformersAgent.from_pretrained(
-        spec, sampling=sampling, seed=seed, backend=backend, reuse_kv=reuse_kv, trust_remote_code=trust_remote_code
+        spec,
+        sampling=sampling,
+        seed=seed,
+        backend=backend,
+        reuse_kv=reuse_kv,
+        cache=cache,
+        trust_remote_code=trust_remote_code,
     )

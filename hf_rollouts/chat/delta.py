@@ -13,9 +13,11 @@ from transformers import PreTrainedTokenizerBase
 from ..types import Message
 from . import guard
 
-_DUMMY_USER = "\u2063u"  # rare characters, so they cannot collide with template text
+# probe texts for the deltas of a render (rare characters, so they cannot collide with template text; tool_turns
+# uses them too)
+PROBE_USER = "\u2063u"
 _DUMMY_ASSISTANT = "\u2063a"
-_DUMMY_USER2 = "\u2063v"
+PROBE_USER2 = "\u2063v"
 _RESERVED_KWARGS = frozenset(
     "conversation messages tokenize add_generation_prompt continue_final_message return_dict "
     "return_assistant_tokens_mask chat_template documents".split()
@@ -114,7 +116,7 @@ class ChatDelta:
         """Whether a render without ``tools`` raises where one with the chat's tools does not."""
         if not self.tools:
             return False
-        probe: list[Message] = [{"role": "user", "content": _DUMMY_USER}]
+        probe: list[Message] = [{"role": "user", "content": PROBE_USER}]
         try:
             self._apply(probe, True, None)
         except Exception:
@@ -156,13 +158,13 @@ class ChatDelta:
     # -- the template's assistant framing -----------------------------------
     @cached_property
     def _dummy_context(self) -> list[Message]:
-        return [{"role": "user", "content": _DUMMY_USER}, {"role": "assistant", "content": _DUMMY_ASSISTANT}]
+        return [{"role": "user", "content": PROBE_USER}, {"role": "assistant", "content": _DUMMY_ASSISTANT}]
 
     @cached_property
     def framing(self) -> AssistantFraming:
         """The template's assistant framing (see :class:`AssistantFraming`), read from three renders."""
         prompt = self.render(self._dummy_context[:1], add_generation_prompt=True)
-        history = self.render(self._dummy_context + [{"role": "user", "content": _DUMMY_USER2}], True)
+        history = self.render(self._dummy_context + [{"role": "user", "content": PROBE_USER2}], True)
         last = self.render(self._dummy_context, add_generation_prompt=False)
         at = history.find(_DUMMY_ASSISTANT)
         if at < 0 or _DUMMY_ASSISTANT not in last:
@@ -179,7 +181,7 @@ class ChatDelta:
             # an end-of-turn token: a stop id, or the token that also closes user messages but does not open turns
             bare_prompt = self.render(self._dummy_context[:1], add_generation_prompt=False)
             gen_prompt = prompt[len(bare_prompt) :] if prompt.startswith(bare_prompt) else ""
-            after_user = history[history.find(_DUMMY_USER2) + len(_DUMMY_USER2) :]
+            after_user = history[history.find(PROBE_USER2) + len(PROBE_USER2) :]
             stops = {self.tokenizer.convert_ids_to_tokens(i) for i in self._eos_ids} | {end_token}
             if candidate in stops or (
                 self._first_special(after_user) == candidate and self._first_special(gen_prompt) != candidate

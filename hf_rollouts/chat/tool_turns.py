@@ -40,7 +40,7 @@ from typing import Any
 
 from ..types import Message, ToolCall
 from . import guard
-from .delta import _DUMMY_USER, _DUMMY_USER2, ChatDelta
+from .delta import PROBE_USER, PROBE_USER2, ChatDelta
 from .tool_calls import (
     HERMES,
     TOOL_FORMATS,
@@ -91,13 +91,13 @@ class ToolTurns:
     def _probe(self) -> tuple[ToolFormat | None, str]:
         """(the format the template renders a known call in or ``None``, the rendered call turn it was read from)."""
         chat = self.chat
-        user = {"role": "user", "content": _DUMMY_USER}
+        user = {"role": "user", "content": PROBE_USER}
         try:
             opened = self._render([user], True)
             full = self._render([user, self.assistant_message("", [_PROBE_CALL])], False)
         except Exception as exc:  # the refusal then comes from the delta probe of check(), with the reason
             return None, f"(the render raises {type(exc).__name__}: {exc})"
-        start = len(opened) if full.startswith(opened) else full.find(_DUMMY_USER) + len(_DUMMY_USER)
+        start = len(opened) if full.startswith(opened) else full.find(PROBE_USER) + len(PROBE_USER)
         turn = full[start:]
         specials = guard.special_tokens(chat.tokenizer)
         ends = [*chat.tokenizer.convert_ids_to_tokens(list(chat.end_token_ids))]
@@ -169,7 +169,7 @@ class ToolTurns:
 
     @cached_property
     def _generation_prompt(self) -> str:
-        u = [{"role": "user", "content": _DUMMY_USER}]
+        u = [{"role": "user", "content": PROBE_USER}]
         with_prompt, bare = self._render(u, True), self._render(u, False)
         return with_prompt[len(bare) :] if with_prompt.startswith(bare) else ""
 
@@ -194,14 +194,14 @@ class ToolTurns:
         docstring."""
         chat = self.chat
         literals: list[str] = []
-        user = {"role": "user", "content": _DUMMY_USER}
+        user = {"role": "user", "content": PROBE_USER}
         assistant = self.assistant_message("", calls)
         tools = guard.protect(self.tool_messages(calls, results, fmt), chat._protected, literals)
         full = self._render([user, assistant, *tools], True)
-        other = self._render([user, assistant, *[{**m, "content": _DUMMY_USER2} for m in tools]], True)
+        other = self._render([user, assistant, *[{**m, "content": PROBE_USER2} for m in tools]], True)
         common = next((i for i, (a, b) in enumerate(zip(full, other)) if a != b), min(len(full), len(other)))
         opened = self._render([user], True)
-        start = len(opened) if full.startswith(opened) else full.find(_DUMMY_USER) + len(_DUMMY_USER)
+        start = len(opened) if full.startswith(opened) else full.find(PROBE_USER) + len(PROBE_USER)
         region = full[start:common]
         ends = [region.rfind(t) + len(t) for t in self._end_tokens if t in region]
         if not ends:

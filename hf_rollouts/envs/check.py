@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from ..rollout import resolve
-from ..types import ToolCall, ToolResult
+from ..types import ToolCall, ToolResult, is_finite_number
 from .base import MultistepEnv
 
 DEFAULT_ACTIONS = ("1 2 3 4", "Is it alive?", "yes", "7", "hello", "[1]", "Is it a clock?", "left")
@@ -80,7 +79,7 @@ def _record(
             )
             return
         state, reward, done, info = result
-        if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+        if not is_finite_number(reward):
             problems.append(
                 f"{name}._step_episode returned reward {reward!r} at step {step}; it must be a finite real number "
                 "(NaN and inf are not rewards: raise an exception for a failed step instead)."
@@ -107,7 +106,7 @@ def _record(
         if done:
             break
     final = resolve(env._calculate_reward(state, step_rewards))
-    if isinstance(final, bool) or not isinstance(final, numbers.Real) or not math.isfinite(final):
+    if not is_finite_number(final):
         problems.append(f"{name}._calculate_reward returned {final!r}; it must be a finite real number.")
         return
     yield ("final", float(final))

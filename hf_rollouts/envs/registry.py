@@ -19,6 +19,7 @@ from datasets import Dataset
 from ..schema import TASK_COLUMNS, TaskValidationError
 from .base import MultistepEnv, unknown_keys_message
 from .config import EnvConfigError, UnknownConfigKeyWarning
+from .public_names import public_class_path
 
 ENV_REGISTRY: dict[str, str] = {
     "twenty_questions": "hf_rollouts.envs.twenty_questions.TwentyQuestionsEnv",
@@ -68,8 +69,9 @@ TRUSTED_PREFIXES = ("hf_rollouts.envs",)
 
 
 def class_path(cls: type) -> str:
-    """``module.QualName`` of a class, as stored in ``env_class_path``."""
-    return f"{cls.__module__}.{cls.__qualname__}"
+    """``module.QualName`` of a class, as stored in ``env_class_path`` (a game's or adapter's under its public
+    name, :func:`~.public_names.public_class_path`)."""
+    return public_class_path(cls)
 
 
 def _module_allowed(module: str, allowed: Iterable[str]) -> bool:

@@ -2,7 +2,7 @@
 
 :meth:`~hf_rollouts.envs.base.MultistepEnv.validate_task_data` looks at a row's ``task_data`` without playing it
 and raises :class:`TaskDataError` naming the key that is wrong. ``generate_rollouts``, ``rollout_map`` and the CLI
-call it for every row before any episode runs (:func:`hf_rollouts.pipeline.prepare_rows`), and report a
+call it for every row before any episode runs (:func:`hf_rollouts.expansion.prepare_rows`), and report a
 :class:`~hf_rollouts.schema.TaskValidationError` naming the row and the key. Values are checked strictly, as
 ``env_config`` values are (:mod:`hf_rollouts.envs.config`): ``"7"`` or ``7.0`` is not an int, ``True`` is not a
 number.

@@ -1,13 +1,15 @@
 """Where a run's shards are expanded: one plan, several places to run it (datatrove's executors).
 
-* :mod:`.base` — :func:`plan_shards` (the one planning function), the :class:`ShardWork` contract,
-  :class:`ExecutorOptions`, :class:`RunReport`;
+* :mod:`.base` — :func:`plan_shards` (the one planning function), the :class:`ShardTask` contract, the
+  :class:`Executor` base (pending, reused, retried, commits, progress and the :class:`RunReport`),
+  :class:`ExecutorOptions`;
 * :mod:`.local` — :class:`LocalExecutor` (this process) and :class:`ProcessesExecutor` (a ``torchrun`` /
   ``accelerate launch`` group, a fixed block of shards per process);
 * :mod:`.ray_executor` — :class:`RayExecutor` (Ray workers, retries, a per-shard deadline; ``ray`` imported
   only when it runs).
 
-Executors know nothing of rollouts: :mod:`hf_rollouts.pipeline` gives them the work.
+Executors know nothing of rollouts: :mod:`hf_rollouts.pipeline` gives them the work
+(:class:`hf_rollouts.shard_task.RolloutShardTask`).
 """
 
 from __future__ import annotations
@@ -16,12 +18,10 @@ from .base import (
     EXECUTORS,
     Executor,
     ExecutorOptions,
-    RemoteWork,
     RunReport,
     ShardFailedError,
     ShardPlan,
-    ShardRunner,
-    ShardWork,
+    ShardTask,
     plan_shards,
 )
 from .local import LocalExecutor, ProcessesExecutor
@@ -56,12 +56,10 @@ __all__ = [
     "LocalExecutor",
     "ProcessesExecutor",
     "RayExecutor",
-    "RemoteWork",
     "RunReport",
     "ShardFailedError",
     "ShardPlan",
-    "ShardRunner",
-    "ShardWork",
+    "ShardTask",
     "make_executor",
     "plan_shards",
 ]

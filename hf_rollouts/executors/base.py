@@ -6,14 +6,17 @@ pending shards are expanded (this process, a block per process of an ``accelerat
 the plan, the seeds, the file names and the final read are the same for all of them, so a run may start
 with one executor and finish with another from the same cache folder.
 
-The work itself is opaque to executors (:class:`ShardWork`): expand shard ``i`` into its rollout columns
-(an Arrow table), then commit it (the driver assembles the task columns and writes the file). Only the
-process that called the executor commits, so shard files have one writer.
+The work itself is opaque to executors (:class:`ShardTask`, one picklable object): expand shard ``i`` into its
+rollout columns (an Arrow table) wherever it runs, then commit it (the driver assembles the task columns and
+writes the file). Only the process that called the executor commits, so shard files have one writer. The
+bookkeeping around it (pending, reused, retried, committed, the progress bar and the :class:`RunReport`) is the
+:class:`Executor` base's; an executor only says where the pending shards run.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import pyarrow as pa
+from tqdm.auto import tqdm
 
 from ..shard_cache import ShardFile
 
@@ -74,42 +78,34 @@ def plan_shards(cache_dir: str | Path, fingerprint: str, num_tasks: int, shard_s
     )
 
 
-class ShardRunner(Protocol):
-    """Expands shards where it was opened (it holds an agent and the envs)."""
-
-    def __call__(self, shard: ShardFile, on_episode_end: Callable[[], None] | None = None) -> pa.Table:
-        """The rollout columns of the shard's task rows, with the declared schema, in row order."""
-        ...
-
-
-class ShardWork(Protocol):
-    """A run's work as executors see it (implemented by :mod:`hf_rollouts.pipeline`)."""
+class ShardTask(Protocol):
+    """A run's shard work as executors see it (:class:`hf_rollouts.shard_task.RolloutShardTask`): one object that
+    expands any shard of the plan wherever it is (it builds its agent and envs on first use), and commits a result
+    where the run was called. It pickles for other processes (without the caller's agent, which a worker builds
+    from its recipe)."""
 
     plan: ShardPlan
-
-    def open_local(self) -> ShardRunner:
-        """A runner in this process, with the caller's agent."""
-        ...
-
-    def remote(self) -> Any:
-        """A picklable :class:`RemoteWork` for other processes (raises, saying what to pass, if there is none)."""
-        ...
 
     def episodes(self, index: int) -> int:
         """Episodes of shard ``index`` (for progress bars)."""
         ...
 
-    def commit(self, index: int, rollout_columns: pa.Table) -> None:
-        """Check ``rollout_columns`` against the declared schema, join the shard's task columns, write its file."""
+    def prepare(self) -> dict[str, Any]:
+        """Build the agent and envs now if they are not built yet (and check that they are the run's); facts about
+        it, e.g. ``agent_build_s``. :meth:`expand` prepares on first use; a worker calls it when it starts."""
         ...
 
+    def expand(self, index: int, on_episode_end: Callable[[], None] | None = None) -> pa.Table:
+        """The rollout columns of shard ``index``'s task rows, with the declared schema, in row order."""
+        ...
 
-class RemoteWork(Protocol):
-    """The picklable half of a :class:`ShardWork`: opened once per worker process."""
+    def commit(self, index: int, rollout_columns: pa.Table) -> None:
+        """Check ``rollout_columns`` against the declared schema, join the shard's task columns, write its file.
+        Only in the process that called the run."""
+        ...
 
-    def open(self) -> tuple[ShardRunner, dict[str, Any]]:
-        """Build the agent (from its recipe) and the envs; check they are the driver's; return the runner and
-        facts about the worker (``startup_s``, ``pid``, ``host``)."""
+    def check_portable(self) -> None:
+        """Raise, saying what to pass, when the task cannot run in another process (no recipe for its agent)."""
         ...
 
 
@@ -213,26 +209,78 @@ def _indices(indices: list[int]) -> str:
 
 
 class Executor(ABC):
-    """Runs the pending shards of a plan somewhere; the caller commits each result (see the module docstring)."""
+    """Runs the pending shards of a plan somewhere (see the module docstring).
+
+    The base does the bookkeeping every executor shares (datatrove's executor base): which shards this executor is
+    responsible for (:meth:`shards`), which of them are done already (*skip completed*: ``reused``), the progress
+    bar, each commit (``expanded``), each retry (``retried``) and the :class:`RunReport`. A subclass says only where
+    the pending shards run (:meth:`expand`), calling :meth:`commit` with each result.
+    """
 
     name: str = "executor"
     report: RunReport | None = None
 
-    @abstractmethod
-    def run(self, work: ShardWork, *, reuse: bool, progress: bool) -> RunReport:
-        """Expand every shard of ``work.plan`` this executor is responsible for that is not done yet, committing
+    def run(self, task: ShardTask, *, reuse: bool, progress: bool) -> RunReport:
+        """Expand every shard of ``task.plan`` this executor is responsible for that is not done yet, committing
         each exactly once; return when they are committed (and, with several processes, when all are)."""
+        start = time.perf_counter()
+        mine = list(self.shards(task.plan))
+        self.report = report = RunReport(self.name, shards=len(mine))
+        todo = task.plan.pending(mine, reuse)
+        report.reused = [i for i in mine if i not in set(todo)]
+        if todo:
+            total = sum(task.episodes(i) for i in todo)
+            self._bar = tqdm(total=total, desc=self.progress_label(), unit="episode", disable=not progress)
+            self._ticks: dict[int, int] = {}
+            with self._bar:
+                self.expand(task, todo)
+        self.finish()
+        report.wall_s = time.perf_counter() - start
+        return report
+
+    def shards(self, plan: ShardPlan) -> Sequence[int]:
+        """The shard indices this executor expands (default: all of them)."""
+        return range(len(plan.shards))
+
+    @abstractmethod
+    def expand(self, task: ShardTask, todo: list[int]) -> None:
+        """Expand shards ``todo`` (pending, in plan order) somewhere, calling :meth:`commit` once for each."""
+
+    def finish(self) -> None:
+        """After this executor's shards are committed (``processes``: wait for the other processes)."""
+
+    def progress_label(self) -> str:
+        return "rollouts"
+
+    def episode_done(self, index: int) -> Callable[[], None]:
+        """A callback for shard ``index``'s episodes as they end (progress per episode, where the shard runs here)."""
+
+        def tick() -> None:
+            self._ticks[index] = self._ticks.get(index, 0) + 1
+            self._bar.update(1)
+
+        return tick
+
+    def commit(self, task: ShardTask, index: int, rollout_columns: pa.Table) -> None:
+        """Commit shard ``index`` (written by this process only) and count it as expanded."""
+        task.commit(index, rollout_columns)
+        self.report.expanded.append(index)
+        self._bar.update(max(0, task.episodes(index) - self._ticks.pop(index, 0)))
+
+    def retried(self, index: int, why: str) -> int:
+        """Record that an attempt at shard ``index`` failed (its worker was lost); the number of failed attempts."""
+        reasons = self.report.retried.setdefault(index, [])
+        reasons.append(why)
+        return len(reasons)
 
 
 __all__ = [
     "EXECUTORS",
     "Executor",
     "ExecutorOptions",
-    "RemoteWork",
     "RunReport",
     "ShardFailedError",
     "ShardPlan",
-    "ShardRunner",
-    "ShardWork",
+    "ShardTask",
     "plan_shards",
 ]

@@ -3,62 +3,40 @@
 
 from __future__ import annotations
 
-import time
+from collections.abc import Sequence
 
-from tqdm.auto import tqdm
-
-from .base import Executor, RunReport, ShardWork
-
-
-def _expand(work: ShardWork, indices: list[int], report: RunReport, progress: bool, desc: str) -> None:
-    """Expand ``indices`` here with the caller's agent, committing each shard as soon as it is done."""
-    if not indices:
-        return
-    runner = work.open_local()
-    total = sum(work.episodes(i) for i in indices)
-    with tqdm(total=total, desc=desc, unit="episode", disable=not progress) as bar:
-        for i in indices:
-            work.commit(i, runner(work.plan.shards[i], lambda: bar.update(1)))
-            report.expanded.append(i)
+from .base import Executor, ShardPlan, ShardTask
 
 
 class LocalExecutor(Executor):
-    """Every pending shard, in order, in this process."""
+    """Every pending shard, in order, in this process (with the caller's agent)."""
 
     name = "local"
 
-    def run(self, work: ShardWork, *, reuse: bool, progress: bool) -> RunReport:
-        start = time.perf_counter()
-        self.report = report = RunReport(self.name, shards=len(work.plan.shards))
-        everything = range(len(work.plan.shards))
-        todo = work.plan.pending(everything, reuse)
-        report.reused = [i for i in everything if i not in set(todo)]
-        _expand(work, todo, report, progress, "rollouts")
-        report.wall_s = time.perf_counter() - start
-        return report
+    def expand(self, task: ShardTask, todo: list[int]) -> None:
+        for i in todo:
+            self.commit(task, i, task.expand(i, self.episode_done(i)))
 
 
-class ProcessesExecutor(Executor):
+class ProcessesExecutor(LocalExecutor):
     """Process ``p`` of ``N`` (accelerate's process state) expands the pending shards of the ``p``-th contiguous
     block of shards; then every process waits for the others. Blocks are fixed: a process that dies is not
     replaced, and the group fails (use Ray for retries)."""
 
     name = "processes"
 
-    def run(self, work: ShardWork, *, reuse: bool, progress: bool) -> RunReport:
+    def shards(self, plan: ShardPlan) -> Sequence[int]:
         from ..distributed import process_state
 
-        start = time.perf_counter()
-        state = process_state()
-        mine = work.plan.block(state.process_index, state.num_processes)
-        self.report = report = RunReport(self.name, shards=len(mine))
-        todo = work.plan.pending(mine, reuse)
-        report.reused = [i for i in mine if i not in set(todo)]
-        multi = state.num_processes > 1
-        _expand(work, todo, report, progress, f"rollouts [process {state.process_index}]" if multi else "rollouts")
-        state.wait_for_everyone()
-        report.wall_s = time.perf_counter() - start
-        return report
+        self.state = process_state()
+        return plan.block(self.state.process_index, self.state.num_processes)
+
+    def progress_label(self) -> str:
+        multi = self.state.num_processes > 1
+        return f"rollouts [process {self.state.process_index}]" if multi else "rollouts"
+
+    def finish(self) -> None:
+        self.state.wait_for_everyone()
 
 
 __all__ = ["LocalExecutor", "ProcessesExecutor"]

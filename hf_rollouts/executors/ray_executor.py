@@ -26,9 +26,7 @@ import time
 from collections import deque
 from typing import Any
 
-from tqdm.auto import tqdm
-
-from .base import Executor, RemoteWork, RunReport, ShardFailedError, ShardWork
+from .base import Executor, ShardFailedError, ShardTask
 
 RAY_INSTALL = 'pip install "hf_rollouts[ray]"'
 
@@ -43,18 +41,17 @@ def import_ray() -> Any:
 
 
 class _ShardWorker:
-    """The Ray actor: opens the remote work once, then expands shards one at a time."""
+    """The Ray actor: holds the run's shard task (unpickled here, without the driver's agent), builds its agent and
+    envs once, then expands shards one at a time."""
 
-    def __init__(self, work: RemoteWork) -> None:
-        self.work = work
-        self.runner = None
+    def __init__(self, task: ShardTask) -> None:
+        self.task = task
 
     def open(self) -> dict[str, Any]:
-        self.runner, info = self.work.open()
-        return {**info, "pid": os.getpid(), "host": socket.gethostname()}
+        return {**self.task.prepare(), "pid": os.getpid(), "host": socket.gethostname()}
 
-    def expand(self, shard):
-        return self.runner(shard)
+    def expand(self, index: int):
+        return self.task.expand(index)
 
 
 class RayExecutor(Executor):
@@ -90,26 +87,21 @@ class RayExecutor(Executor):
         self.gpus_per_worker, self.cpus_per_worker = gpus_per_worker, cpus_per_worker
         self.shard_timeout, self.max_shard_retries, self.runtime_env = shard_timeout, max_shard_retries, runtime_env
 
-    def run(self, work: ShardWork, *, reuse: bool, progress: bool) -> RunReport:
-        start = time.perf_counter()
-        self.report = report = RunReport(self.name, shards=len(work.plan.shards))
-        everything = range(len(work.plan.shards))
-        todo = work.plan.pending(everything, reuse)
-        report.reused = [i for i in everything if i not in set(todo)]
-        if todo:
-            remote = work.remote()  # before connecting: a run without a recipe fails at once
-            ray = import_ray()
-            started_here = not ray.is_initialized()
+    def expand(self, task: ShardTask, todo: list[int]) -> None:
+        task.check_portable()  # before connecting: a run without a recipe fails at once
+        ray = import_ray()
+        started_here = not ray.is_initialized()
+        if started_here:
+            kwargs = {} if self.address else {"include_dashboard": False}
+            ray.init(address=self.address, **kwargs)
+        try:
+            _Dispatch(self, ray, task, todo).run()
+        finally:
             if started_here:
-                kwargs = {} if self.address else {"include_dashboard": False}
-                ray.init(address=self.address, **kwargs)
-            try:
-                _Dispatch(self, ray, work, remote, todo, report, progress).run()
-            finally:
-                if started_here:
-                    ray.shutdown()
-        report.wall_s = time.perf_counter() - start
-        return report
+                ray.shutdown()
+
+    def progress_label(self) -> str:
+        return "rollouts [ray]"
 
     def default_workers(self, ray: Any, pending: int) -> int:
         total = ray.cluster_resources()
@@ -133,13 +125,13 @@ class RayExecutor(Executor):
 
 
 class _Dispatch:
-    """One run's bookkeeping on the driver: workers starting, idle and busy; shards queued, in flight, done."""
+    """One run's Ray bookkeeping on the driver: workers starting, idle and busy; shards queued and in flight. The
+    commits, retries and the report are the executor base's."""
 
-    def __init__(self, executor: RayExecutor, ray: Any, work: ShardWork, remote: RemoteWork, todo, report, progress):
-        self.ex, self.ray, self.work, self.report = executor, ray, work, report
+    def __init__(self, executor: RayExecutor, ray: Any, task: ShardTask, todo: list[int]) -> None:
+        self.ex, self.ray, self.task = executor, ray, task
         self.queue: deque[int] = deque(todo)
         self.pending = set(todo)
-        self.attempts: dict[int, list[str]] = {}
         self.worker_losses = 0  # workers that died while building their agent
         options: dict[str, Any] = {
             "num_cpus": executor.cpus_per_worker,
@@ -150,42 +142,38 @@ class _Dispatch:
         if executor.runtime_env:
             options["runtime_env"] = executor.runtime_env
         self.actor_class = ray.remote(**options)(_ShardWorker)
-        self.remote_ref = ray.put(remote)
+        self.task_ref = ray.put(task)
         errors = ray.exceptions  # a worker lost (retry the shard) vs the work raised (stop: it would raise again)
         self.lost_errors = (errors.RayActorError, errors.WorkerCrashedError, errors.ObjectLostError,
                             errors.NodeDiedError, errors.OutOfMemoryError)  # fmt: skip
         self.starting: dict[Any, tuple[Any, float]] = {}  # ready ref -> (actor, time asked)
         self.idle: list[Any] = []
         self.busy: dict[Any, tuple[Any, int, float]] = {}  # result ref -> (actor, shard, time submitted)
-        self.bar = tqdm(
-            total=sum(work.episodes(i) for i in todo), desc="rollouts [ray]", unit="episode", disable=not progress
-        )
         self.size = executor.default_workers(ray, len(todo))
 
     def run(self) -> None:
         try:
-            with self.bar:
-                for _ in range(self.size):
-                    self._start_worker()
-                while self.pending:
-                    self._assign()
-                    refs = [*self.starting, *self.busy]
-                    if not refs:  # cannot happen: a queued shard always has a worker starting or busy
-                        raise RuntimeError(f"Ray executor: shards {sorted(self.pending)} pending with no worker.")
-                    ready, _ = self.ray.wait(refs, num_returns=1, timeout=self._wait_timeout())
-                    for ref in ready:
-                        if ref in self.starting:
-                            self._worker_ready(ref)
-                        elif ref in self.busy:
-                            self._shard_done(ref)
-                    self._enforce_deadline()
+            for _ in range(self.size):
+                self._start_worker()
+            while self.pending:
+                self._assign()
+                refs = [*self.starting, *self.busy]
+                if not refs:  # cannot happen: a queued shard always has a worker starting or busy
+                    raise RuntimeError(f"Ray executor: shards {sorted(self.pending)} pending with no worker.")
+                ready, _ = self.ray.wait(refs, num_returns=1, timeout=self._wait_timeout())
+                for ref in ready:
+                    if ref in self.starting:
+                        self._worker_ready(ref)
+                    elif ref in self.busy:
+                        self._shard_done(ref)
+                self._enforce_deadline()
         finally:
             for actor in [*self.idle, *(a for a, _ in self.starting.values()), *(a for a, _, _ in self.busy.values())]:
                 self.ray.kill(actor, no_restart=True)
 
     # -- workers ----------------------------------------------------------------------------------------
     def _start_worker(self) -> None:
-        actor = self.actor_class.remote(self.remote_ref)
+        actor = self.actor_class.remote(self.task_ref)
         self.starting[actor.open.remote()] = (actor, time.perf_counter())
 
     def _worker_ready(self, ref) -> None:
@@ -203,14 +191,13 @@ class _Dispatch:
             return
         except self.ray.exceptions.RayError as exc:
             raise _cause(exc) from None  # e.g. the recipe builds another agent: the message says what differs
-        self.report.workers.append({**info, "startup_s": round(time.perf_counter() - asked, 3)})
+        self.ex.report.workers.append({**info, "startup_s": round(time.perf_counter() - asked, 3)})
         self.idle.append(actor)
 
     def _assign(self) -> None:
         while self.idle and self.queue:
             actor, index = self.idle.pop(), self.queue.popleft()
-            shard = self.work.plan.shards[index]
-            self.busy[actor.expand.remote(shard)] = (actor, index, time.perf_counter())
+            self.busy[actor.expand.remote(index)] = (actor, index, time.perf_counter())
 
     # -- shards -----------------------------------------------------------------------------------------
     def _shard_done(self, ref) -> None:
@@ -221,24 +208,20 @@ class _Dispatch:
             self._lost(index, f"its worker died ({_reason(exc)})")
             return
         except self.ray.exceptions.RayError as exc:
-            shard = self.work.plan.shards[index]
+            shard = self.task.plan.shards[index]
             raise ShardFailedError(
                 f"shard {index} of {shard.num_shards} (task rows [{shard.start}, {shard.stop})) failed on a Ray "
                 f"worker: {type(_cause(exc)).__name__}: {_cause(exc)}"
             ) from _cause(exc)
-        self.work.commit(index, table)  # the driver is the only writer of shard files
+        self.ex.commit(self.task, index, table)  # the driver is the only writer of shard files
         self.pending.discard(index)
-        self.report.expanded.append(index)
-        self.bar.update(self.work.episodes(index))
         self.idle.append(actor)
 
     def _lost(self, index: int, why: str) -> None:
         """Shard ``index`` lost its worker: queue it again (first) and replace the worker, or give up."""
-        reasons = self.attempts.setdefault(index, [])
-        reasons.append(why)
-        self.report.retried[index] = list(reasons)
-        if len(reasons) > self.ex.max_shard_retries:
-            shard = self.work.plan.shards[index]
+        if self.ex.retried(index, why) > self.ex.max_shard_retries:
+            reasons = self.ex.report.retried[index]
+            shard = self.task.plan.shards[index]
             raise ShardFailedError(
                 f"shard {index} of {shard.num_shards} (task rows [{shard.start}, {shard.stop}), file {shard.path}) "
                 f"failed {len(reasons)} times: "

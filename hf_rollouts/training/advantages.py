@@ -119,7 +119,7 @@ def _is_constant(final_rewards: Sequence[float | None], statuses: Sequence[str])
     return bool(ok) and all(r == ok[0] for r in ok)
 
 
-def _drop_reasons(final_rewards: Sequence[float | None], statuses: Sequence[str], opts: RolloutFilter) -> list[str]:
+def drop_reasons(final_rewards: Sequence[float | None], statuses: Sequence[str], opts: RolloutFilter) -> list[str]:
     """Per rollout: ``""`` (kept) or the first applicable reason of :data:`DROP_REASONS`."""
     constant = opts.drop_constant_groups and _is_constant(final_rewards, statuses)
     reasons = []
@@ -135,9 +135,11 @@ def _drop_reasons(final_rewards: Sequence[float | None], statuses: Sequence[str]
     return reasons
 
 
-def _report(
+def filter_report(
     final_rewards: Sequence[Sequence[float | None]], statuses: Sequence[Sequence[str]], opts: RolloutFilter
 ) -> tuple[RolloutFilterReport, list[int]]:
+    """What :class:`RolloutFilter` ``opts`` does to groups of rollouts (one ``final_rewards`` / ``statuses`` list per
+    group): the counts, and the indices of the groups that keep at least one rollout."""
     counts = dict.fromkeys(RolloutFilterReport.__dataclass_fields__, 0)
     kept_groups = []
     for g, (rewards, stats) in enumerate(zip(final_rewards, statuses)):
@@ -145,7 +147,7 @@ def _report(
             raise ValueError(
                 f"row {g}: {len(rewards)} final_rewards but {len(stats)} statuses; the rollout data is corrupt."
             )
-        reasons = _drop_reasons(rewards, stats, opts)
+        reasons = drop_reasons(rewards, stats, opts)
         counts["groups_in"] += 1
         counts["rollouts_in"] += len(rewards)
         counts["errors"] += sum(_is_error(s, r) for r, s in zip(rewards, stats))

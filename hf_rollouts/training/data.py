@@ -15,7 +15,7 @@ from datasets import Dataset, DatasetDict, Features, List, Value
 
 from ..schema import ROLLOUT_FEATURES, require_columns
 from ..sources import load_dataset_source
-from .advantages import RolloutFilter, RolloutFilterReport, _drop_reasons, _report, group_advantages
+from .advantages import RolloutFilter, RolloutFilterReport, drop_reasons, filter_report, group_advantages
 from .convention import read_logprob_convention
 
 PER_ROLLOUT_COLUMNS: tuple[str, ...] = tuple(ROLLOUT_FEATURES)
@@ -72,7 +72,7 @@ def _flatten_batch(
     for row, idx in enumerate(indices):
         rewards, statuses = batch["final_rewards"][row], batch["statuses"][row]
         advantages = group_advantages(rewards, statuses, opts.advantage, opts.eps)
-        reasons = _drop_reasons(rewards, statuses, opts)
+        reasons = drop_reasons(rewards, statuses, opts)
         turns = batch["num_turns"][row] if "num_turns" in batch else [None] * len(rewards)
         for k, reason in enumerate(reasons):
             if reason:
@@ -104,7 +104,7 @@ def _filter_groups_batch(batch: dict[str, list], *, opts: RolloutFilter) -> dict
     for row in range(len(batch["final_rewards"])):
         rewards, statuses = batch["final_rewards"][row], batch["statuses"][row]
         advantages = group_advantages(rewards, statuses, opts.advantage, opts.eps)
-        keep = [k for k, reason in enumerate(_drop_reasons(rewards, statuses, opts)) if not reason]
+        keep = [k for k, reason in enumerate(drop_reasons(rewards, statuses, opts)) if not reason]
         for c in per_rollout:
             out[c].append([batch[c][row][k] for k in keep])
         out["advantages"].append([advantages[k] for k in keep])
@@ -154,7 +154,7 @@ def prepare_rollouts(
     ds = load_dataset_source(source, split)
     require_columns(ds)
     scalars = ds.select_columns(["final_rewards", "statuses"]).to_dict()
-    report, kept_groups = _report(scalars["final_rewards"], scalars["statuses"], opts)
+    report, kept_groups = filter_report(scalars["final_rewards"], scalars["statuses"], opts)
     kept = ds.select(kept_groups) if len(kept_groups) != len(ds) else ds
     if flatten:
         out = kept.map(

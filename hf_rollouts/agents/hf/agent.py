@@ -21,7 +21,9 @@ therefore never depend on the batch it shares, and the global torch RNG is never
 
 from __future__ import annotations
 
+import hashlib
 import logging
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import torch
@@ -39,13 +41,32 @@ from .sampler import RowSampler
 
 logger = logging.getLogger(__name__)
 
-_SAMPLING_FIELDS = frozenset(
+GENERATION_SAMPLING_FIELDS = frozenset(
     "do_sample temperature top_k top_p min_p typical_p epsilon_cutoff eta_cutoff repetition_penalty "
     "encoder_repetition_penalty no_repeat_ngram_size bad_words_ids suppress_tokens begin_suppress_tokens "
     "min_length min_new_tokens max_length max_new_tokens forced_bos_token_id forced_eos_token_id sequence_bias "
     "renormalize_logits exponential_decay_length_penalty guidance_scale watermarking_config".split()
 )
 """Generation-config fields that change what is sampled (warned about when a model ships them)."""
+
+PROBE_SIZE = 256
+"""Values of each parameter tensor that :meth:`TransformersAgent.weights_probe` hashes."""
+
+
+def probe_stride(numel: int) -> int:
+    """The step between the flat indices of a tensor's probed values: at most :data:`PROBE_SIZE` of them, evenly
+    spaced from index 0."""
+    return max(1, numel // PROBE_SIZE)
+
+
+def probe_digest(samples: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """The weights probe: a hash of ``(parameter name, its probed values as float32)`` in parameter order."""
+    digest = hashlib.sha256()
+    for name, sample in samples:
+        digest.update(name.encode())
+        digest.update(sample.float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
 
 Backend = Literal["generate", "continuous"]
 BACKENDS: tuple[str, ...] = ("generate", "continuous")
@@ -116,6 +137,7 @@ class TransformersAgent(Agent):
                 "backend (it samples with top-p and top-k and stores the full-softmax log-probs), or top_p=1, top_k=0."
             )
         self.device = torch.device(device) if device is not None else process_state().device
+        self.cache = cache  # the setting (recorded in the fingerprint); cache_kind is what it resolves to here
         self.cache_kind = default_cache_kind(self.device) if cache == "auto" else cache
         self.seed, self.backend = seed, backend
         self.reuse_kv = reuse_kv and self.cache_kind != "static"  # a static cache is sized per call, never kept
@@ -162,7 +184,7 @@ class TransformersAgent(Agent):
             pad_token_id=old.pad_token_id,
             decoder_start_token_id=old.decoder_start_token_id,
         )
-        dropped = sorted(k for k in old.to_diff_dict() if k in _SAMPLING_FIELDS)
+        dropped = sorted(k for k in old.to_diff_dict() if k in GENERATION_SAMPLING_FIELDS)
         if dropped:
             logger.warning(
                 "TransformersAgent ignores the model's generation defaults %s: sampling follows SamplingConfig only, "
@@ -259,36 +281,65 @@ class TransformersAgent(Agent):
         return out
 
     def fingerprint(self) -> dict[str, Any]:
+        num_parameters = sum(p.numel() for p in self.model.parameters())
+        return self.fingerprint_of(
+            self.name,
+            num_parameters,
+            self.weights_probe(),
+            self.sampling,
+            self.seed,
+            self.reuse_kv,
+            self.backend,
+            self.cache,
+        )
+
+    @classmethod
+    def fingerprint_of(
+        cls,
+        name: str,
+        num_parameters: int,
+        weights_probe: str,
+        sampling: SamplingConfig,
+        seed: int,
+        reuse_kv: bool,
+        backend: str,
+        cache: str = "auto",
+    ) -> dict[str, Any]:
+        """The fingerprint of an agent of this class with these parts (:meth:`fingerprint`; also computed from a
+        checkpoint's files without loading it, :func:`~.checkpoint.checkpoint_fingerprint`)."""
         return {
-            **self._identity(),
-            "model": self.name,
-            "num_parameters": sum(p.numel() for p in self.model.parameters()),
-            "weights_probe": self.weights_probe(),
-            **self._settings(),
+            **cls._identity(),
+            "model": name,
+            "num_parameters": num_parameters,
+            "weights_probe": weights_probe,
+            **cls._settings_of(sampling, seed, reuse_kv, backend, cache),
         }
 
     @torch.no_grad()
     def weights_probe(self) -> str:
-        """A cheap hash of a strided sample of every parameter tensor.
+        """A cheap hash of a strided sample of every parameter tensor (:func:`probe_digest`).
 
         It changes when the weights change (e.g. after an optimizer step in a
         training loop), so the pipeline's cache never serves samples of an older policy.
         """
-        import hashlib
+        return probe_digest(
+            (name, p.detach().reshape(-1)[:: probe_stride(p.numel())][:PROBE_SIZE])
+            for name, p in self.model.named_parameters()
+        )
 
-        digest = hashlib.sha256()
-        for name, p in self.model.named_parameters():
-            flat = p.detach().reshape(-1)
-            sample = flat[:: max(1, flat.numel() // 256)][:256].float().cpu()
-            digest.update(name.encode())
-            digest.update(sample.numpy().tobytes())
-        return digest.hexdigest()[:16]
+    @staticmethod
+    def _settings_of(
+        sampling: SamplingConfig, seed: int, reuse_kv: bool, backend: str, cache: str = "auto"
+    ) -> dict[str, Any]:
+        """The sampling settings of the fingerprint and card. ``cache`` is recorded when it is forced: ``"auto"``
+        resolves by device, which no fingerprint records (the keys runs had before the setting existed)."""
+        settings = {**sampling.to_dict(), "seed": seed, "reuse_kv": reuse_kv, "backend": backend}
+        if backend == "generate" and cache != "auto":
+            settings["cache"] = cache
+        return {"sampling": settings}
 
     def _settings(self) -> dict[str, Any]:
-        sampling = {**self.sampling.to_dict(), "seed": self.seed, "reuse_kv": self.reuse_kv, "backend": self.backend}
-        if self.backend == "generate" and self.cache_kind != "growing":  # growing: the keys runs had before
-            sampling["cache"] = self.cache_kind
-        return {"sampling": sampling}
+        return self._settings_of(self.sampling, self.seed, self.reuse_kv, self.backend, self.cache)
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.name, **self._settings(), "device": str(self.device)}

@@ -13,7 +13,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from ...agents.base import Agent
-from ...agents.hf.agent import _SAMPLING_FIELDS
+from ...agents.hf.agent import GENERATION_SAMPLING_FIELDS
 from ...agents.hf.agent import stop_token_ids as agent_stop_token_ids
 from ...agents.hf.backends import generate_padded
 from ...agents.hf.kv_cache import KVState, kv_reuse_unsafe_reason, reusable_rows
@@ -118,7 +118,9 @@ class TrainerPolicyAgent(_TokenAgent):
             return_dict_in_generate=True,
         )
         own = set(self.config.to_diff_dict())
-        leftover = sorted(k for k in model.generation_config.to_diff_dict() if k in _SAMPLING_FIELDS and k not in own)
+        leftover = sorted(
+            k for k in model.generation_config.to_diff_dict() if k in GENERATION_SAMPLING_FIELDS and k not in own
+        )
         if leftover:
             logger.warning("the model's generation_config sets %s, which also shape sampling in rollouts.", leftover)
 

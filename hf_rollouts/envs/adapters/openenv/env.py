@@ -40,15 +40,14 @@ change the URL when the server's env changes.
 from __future__ import annotations
 
 import json
-import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ..base import MultistepEnv
-from ..config import EnvConfig, option
-from ..external import import_optional, package_version
+from ....types import scalar_info
+from ...config import EnvConfig, option
+from ..adapter import AdapterEnv, AdapterEpisode
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,17 +66,14 @@ class OpenEnvConfig(EnvConfig):
 
 
 def import_openenv_client() -> Any:
-    module = import_optional("openenv.core.generic_client", env="OpenEnvEnv", extra="openenv")
-    return module.GenericEnvClient
+    return OpenEnvEnv.import_package("openenv.core.generic_client").GenericEnvClient
 
 
 @dataclass
-class OpenEnvEpisode:
-    """Per-episode state: the episode's WebSocket session and the next message for the agent."""
+class OpenEnvEpisode(AdapterEpisode):
+    """Per-episode state: the episode's WebSocket session (and the next message for the agent)."""
 
     client: Any
-    message: str = ""
-    done: bool = False
     last_observation: dict = field(default_factory=dict)
 
 
@@ -91,8 +87,9 @@ async def _close(client: Any) -> None:
         pass
 
 
-class OpenEnvEnv(MultistepEnv):
+class OpenEnvEnv(AdapterEnv):
     name = "openenv"
+    package, distribution, extra = "openenv", "openenv-core", "openenv"
     default_max_turns = 20
     config_class = OpenEnvConfig
     model_config_keys = ("base_url",)
@@ -159,22 +156,16 @@ class OpenEnvEnv(MultistepEnv):
             raise
         return episode
 
-    def _format_prompt(self, state: OpenEnvEpisode, step: int) -> str:
-        return state.message
-
     async def _step_episode(
         self, session_id: str, state: OpenEnvEpisode, action: str
     ) -> tuple[OpenEnvEpisode, float, bool, dict[str, Any]]:
-        if state.done:
-            raise RuntimeError("this OpenEnv episode is already over.")
+        self.check_live(state)
         payload = {**(self.config.action_fields or {}), self.config.action_field: action}
         result = await self._call(state.client.step(payload), "step")
-        reward = 0.0 if result.reward is None else result.reward
-        if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
-            raise TypeError(f"OpenEnv server {self.config.base_url} returned reward {reward!r}, not a number.")
+        reward = self.reward(0.0 if result.reward is None else result.reward, f"OpenEnv server {self.config.base_url}")
         observation = dict(result.observation or {})
         metadata = getattr(result, "metadata", None) or observation.get("metadata") or {}
-        info = {k: v for k, v in dict(metadata).items() if isinstance(v, (str, int, float, bool, type(None)))}
+        info = scalar_info(dict(metadata))
         info.pop("truncated", None)
         state.last_observation = observation
         done = bool(result.done)
@@ -182,9 +173,9 @@ class OpenEnvEnv(MultistepEnv):
             state.done = True
             truncated = metadata.get("truncated", observation.get("truncated", False))
             info["truncated"] = truncated is True
-            return state, float(reward), True, info
+            return state, reward, True, info
         state.message = self.observation_text(observation)
-        return state, float(reward), False, info
+        return state, reward, False, info
 
     async def _close_episode(self, session_id: str, state: OpenEnvEpisode) -> None:
         """Close the episode's session, however the episode ended (the engine calls this once per episode and
@@ -194,19 +185,5 @@ class OpenEnvEnv(MultistepEnv):
 
     # -- tasks ------------------------------------------------------------------
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}.")
-        n = num_tasks if num_tasks is not None else (
-            self.config.num_eval_tasks if split == "eval" else self.config.num_train_tasks
-        )  # fmt: skip
-        rng, parity, seeds = self._rng("seeds", split), int(split == "eval"), []
-        seen: set[int] = set()
-        while len(seeds) < n:
-            seed = 2 * rng.randrange(2**30) + parity
-            if seed not in seen:
-                seen.add(seed)
-                seeds.append(seed)
-        return [{"seed": s} for s in seeds]
-
-    def fingerprint(self) -> dict[str, Any]:
-        return {**super().fingerprint(), "openenv-core": package_version("openenv-core")}
+        seeds = self.split_seeds(split)
+        return [{"seed": next(seeds)} for _ in range(self.split_size(split, num_tasks))]

@@ -27,9 +27,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ..base import MultistepEnv
-from ..config import EnvConfig, EnvConfigError, option
-from ..task_data import TaskDataError, require
+from ...base import MultistepEnv
+from ...config import EnvConfig, EnvConfigError, option
+from ...task_data import TaskDataError, require
 from .knowledge import Gamemaster, KnowledgeBase, KnowledgeBaseGamemaster
 
 GAMEMASTERS = ("knowledge_base", "agent")

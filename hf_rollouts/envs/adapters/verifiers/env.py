@@ -58,7 +58,6 @@ import contextvars
 import functools
 import inspect
 import json
-import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -66,12 +65,11 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ...tools import Tool
-from ...types import ToolCall, ToolResult
-from ..base import MultistepEnv
-from ..config import EnvConfig, option
-from ..external import import_optional, package_version
-from ..task_data import TaskDataError, require
+from ....tools import Tool
+from ....types import ToolCall, ToolResult
+from ...config import EnvConfig, option
+from ...task_data import TaskDataError, require
+from ..adapter import AdapterEnv, AdapterEpisode, package_version
 
 _REWARD_ERRORS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("hfr_vf_reward_errors", default=None)
 TRUNCATING_STOPS = frozenset({"max_turns_reached", "timeout_reached", "prompt_too_long"})
@@ -87,7 +85,7 @@ class VerifiersConfig(EnvConfig):
 
 
 def import_verifiers() -> Any:
-    return import_optional("verifiers.legacy", env="VerifiersEnv", extra="verifiers")
+    return VerifiersEnv.import_package("verifiers.legacy")
 
 
 def module_of(env_id: str) -> str:
@@ -164,21 +162,19 @@ def _run_by_verifiers(**kwargs: Any) -> Any:
 
 
 @dataclass
-class VerifiersEpisode:
+class VerifiersEpisode(AdapterEpisode):
     """Per-episode state: verifiers' own rollout state and the prompt messages of the current turn."""
 
     state: Any
     prompt: list = field(default_factory=list)
-    system: str | None = None
-    message: str = ""
-    done: bool = False
     ended_at_tools: bool = False  # verifiers completed the episode on a tool-calling turn
     cut: bool = False  # hf_rollouts ended it before verifiers did: scored in the group step
     cleaned: bool = False  # verifiers' cleanup ran for it
 
 
-class VerifiersEnv(MultistepEnv):
+class VerifiersEnv(AdapterEnv):
     name = "verifiers"
+    package, distribution, extra = "verifiers", "verifiers", "verifiers"
     default_max_turns = 10
     config_class = VerifiersConfig
 
@@ -252,23 +248,27 @@ class VerifiersEnv(MultistepEnv):
         episode.message = opening[-1][1]
         return episode
 
+    async def _prompt_now(self, episode: VerifiersEpisode) -> list:
+        """The env's prompt messages after the model's last response (its ``env_response`` runs here); an error
+        verifiers reports is recorded on the state, as its own rollout does, and raised."""
+        try:
+            prompt = list(await self.vf_env.get_prompt_messages(episode.state))
+        except self.vf.Error as exc:
+            episode.state["error"] = exc
+            prompt = episode.prompt
+        self._raise_error(episode.state)
+        return prompt
+
     def _raise_error(self, state: Any) -> None:
         error = state.get("error")
         if error is not None:
             raise RuntimeError(f"verifiers env {self.config.env_id!r}: {type(error).__name__}: {error}")
 
-    def _system_prompt(self, state: VerifiersEpisode) -> str | None:
-        return state.system
-
-    def _format_prompt(self, state: VerifiersEpisode, step: int) -> str:
-        return state.message
-
     async def _step_episode(
         self, session_id: str, episode: VerifiersEpisode, action: str
     ) -> tuple[VerifiersEpisode, float, bool, dict[str, Any]]:
-        if episode.done:
-            raise RuntimeError("this verifiers episode is already over.")
-        env, vf, state = self.vf_env, self.vf, episode.state
+        self.check_live(episode)
+        env, state = self.vf_env, episode.state
         from verifiers.legacy.types import Response, ResponseMessage
 
         if not episode.ended_at_tools:  # else the answer comes after verifiers' end: not its rollout's
@@ -278,12 +278,7 @@ class VerifiersEnv(MultistepEnv):
             )
             await env.add_model_response(state, episode.prompt, response)
         if not await env.is_completed(state):
-            try:
-                prompt = list(await env.get_prompt_messages(state))
-            except vf.Error as exc:
-                state["error"] = exc
-                prompt = episode.prompt
-            self._raise_error(state)
+            prompt = await self._prompt_now(episode)
             if state.get("final_env_response") is None and not await env.is_completed(state):
                 new = prompt[len(episode.prompt) + 1 :]  # after the assistant message just added
                 texts = [_text(m, "the env's response") for m in new]
@@ -306,7 +301,7 @@ class VerifiersEnv(MultistepEnv):
     async def _call_tools(self, session_id: str, episode: VerifiersEpisode, calls: list[ToolCall]) -> list[ToolResult]:
         """One tool-calling turn, run by verifiers: the calls go in as the model's ``tool_calls``, its
         ``env_response`` answers them with ``tool`` messages (matched back by call id)."""
-        env, vf, state = self.vf_env, self.vf, episode.state
+        env, state = self.vf_env, episode.state
         from verifiers.legacy.types import Response, ResponseMessage
         from verifiers.legacy.types import ToolCall as VfToolCall
 
@@ -319,12 +314,7 @@ class VerifiersEnv(MultistepEnv):
         if await env.is_completed(state):  # e.g. its own turn limit: nothing will read the results
             episode.ended_at_tools = True
             return [ToolResult(c, "Error: not run, the environment ended the episode.", "not_run") for c in calls]
-        try:
-            prompt = list(await env.get_prompt_messages(state))
-        except vf.Error as exc:
-            state["error"] = exc
-            prompt = episode.prompt
-        self._raise_error(state)
+        prompt = await self._prompt_now(episode)
         new = prompt[len(episode.prompt) + 1 :]  # after the assistant message just added
         answers: dict[str, str] = {}
         for m in new:
@@ -381,24 +371,18 @@ class VerifiersEnv(MultistepEnv):
         env = self.vf_env
         await _scored(env.rubric.score_rollout(state) if env.score_rollouts else env.rubric.dummy_score_rollout(state))
         await env.rubric.cleanup(state)
-        reward = float(state["reward"])
-        if not math.isfinite(reward):
-            raise ValueError(f"verifiers rubric scored {reward}, not a finite number.")
-        return reward
+        return self.reward(state["reward"], "the verifiers rubric", finite=True)
 
     # -- tasks ------------------------------------------------------------------
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}.")
-        n = num_tasks if num_tasks is not None else (
-            self.config.num_eval_tasks if split == "eval" else self.config.num_train_tasks
-        )  # fmt: skip
+        n = self.split_size(split, num_tasks)
         data = self.vf_env.get_eval_dataset(n=n) if split == "eval" else self.vf_env.get_dataset(n=n)
         return [_jsonable_row(row) for row in data]
 
     def fingerprint(self) -> dict[str, Any]:
+        """The adapter's (source, verifiers' version) and the loaded environment package's module and version."""
         module = module_of(self.config.env_id)
-        return {**super().fingerprint(), "verifiers": package_version("verifiers"), "env_module": module,
+        return {**super().fingerprint(), "env_module": module,
                 "env_module_version": package_version(module) or package_version(module.replace("_", "-"))}  # fmt: skip
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import threading
 import types
 import typing
@@ -44,10 +43,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ..base import MultistepEnv
-from ..config import EnvConfig, EnvConfigError, option
-from ..external import import_optional, package_version
-from ..task_data import task_int
+from ...config import EnvConfig, EnvConfigError, option
+from ...task_data import task_int
+from ..adapter import AdapterEnv, AdapterEpisode
 
 PROMPT_STYLES = ("default", "DeepSeekZero", "simple", "direct", "chain_of_draft", "none")
 """Keys of ``reasoning_gym.utils.SYSTEM_PROMPTS`` (reasoning-gym 0.1.25), and ``none`` for no system prompt."""
@@ -84,7 +82,7 @@ class ReasoningGymConfig(EnvConfig):
 
 
 def import_reasoning_gym() -> Any:
-    return import_optional("reasoning_gym", env="ReasoningGymEnv", extra="reasoning_gym")
+    return ReasoningGymEnv.import_package()
 
 
 HOOKS_LOCK = threading.Lock()
@@ -134,14 +132,13 @@ def _typed(tp: Any, value: Any) -> Any:
 
 
 @dataclass
-class ReasoningGymEpisode:
-    """Per-episode state: the regenerated entry and the attempts made."""
+class ReasoningGymEpisode(AdapterEpisode):
+    """Per-episode state: the regenerated entry and the attempts made (``message``: the question, then the
+    feedback on the last answer)."""
 
     recipe: dict[str, int]
     entry: dict[str, Any]
     attempts: int = 0
-    feedback: str = ""
-    done: bool = False
 
 
 def _recipe(task_data: dict[str, Any]) -> dict[str, int]:
@@ -159,8 +156,9 @@ def _recipe(task_data: dict[str, Any]) -> dict[str, int]:
     }
 
 
-class ReasoningGymEnv(MultistepEnv):
+class ReasoningGymEnv(AdapterEnv):
     name = "reasoning_gym"
+    package, distribution, extra = "reasoning_gym", "reasoning-gym", "reasoning_gym"
     default_max_turns = 1
     config_class = ReasoningGymConfig
     thread_safe_hooks = False  # ~100 generators, not all audited for thread safety; the hooks are CPU-bound anyway
@@ -206,13 +204,7 @@ class ReasoningGymEnv(MultistepEnv):
     def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> ReasoningGymEpisode:
         recipe = _recipe(task_data)
         entry = self.dataset_of(recipe)[recipe["index"]]
-        return ReasoningGymEpisode(recipe=recipe, entry=entry)
-
-    def _system_prompt(self, state: ReasoningGymEpisode) -> str | None:
-        return self.system
-
-    def _format_prompt(self, state: ReasoningGymEpisode, step: int) -> str:
-        return str(state.entry["question"]) if step == 0 else state.feedback
+        return ReasoningGymEpisode(recipe=recipe, entry=entry, message=str(entry["question"]), system=self.system)
 
     def answer_of(self, action: str) -> str | None:
         """The answer the env scores: the last ``<answer_tag>`` block's text, or the whole action."""
@@ -222,13 +214,10 @@ class ReasoningGymEnv(MultistepEnv):
     def _step_episode(
         self, session_id: str, state: ReasoningGymEpisode, action: str
     ) -> tuple[ReasoningGymEpisode, float, bool, dict[str, Any]]:
-        if state.done:
-            raise RuntimeError("this reasoning-gym episode is already over.")
+        self.check_live(state)
         answer = self.answer_of(action)
         score = self.dataset_of(state.recipe).score_answer(answer, state.entry)
-        if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
-            raise TypeError(f"reasoning-gym {self.config.dataset}.score_answer returned {score!r}, not a finite number")
-        score = float(score)
+        score = self.reward(score, f"reasoning-gym {self.config.dataset}.score_answer", finite=True)
         state.attempts += 1
         info = {
             "score": score,
@@ -242,7 +231,7 @@ class ReasoningGymEnv(MultistepEnv):
             return state, score, True, info
         tag = self.config.answer_tag
         where = f" between <{tag}> and </{tag}>" if tag else ""
-        state.feedback = (
+        state.message = (
             f"No answer found. Give your final answer{where}. Attempts left: {left}."
             if answer is None
             else f"That answer is not correct. Try again and give your final answer{where}. Attempts left: {left}."
@@ -255,14 +244,8 @@ class ReasoningGymEnv(MultistepEnv):
         return base + (EVAL_SEED_OFFSET if split == "eval" else 0)
 
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}.")
-        c = self.config
-        n = num_tasks if num_tasks is not None else (c.num_eval_tasks if split == "eval" else c.num_train_tasks)
+        n = self.split_size(split, num_tasks)
         if n > EVAL_SEED_OFFSET:
             raise ValueError(f"at most {EVAL_SEED_OFFSET} tasks per split, asked for {n}.")
         seed = self._split_seed(split)
         return [{"seed": seed, "size": n, "index": i} for i in range(n)]
-
-    def fingerprint(self) -> dict[str, Any]:
-        return {**super().fingerprint(), "reasoning-gym": package_version("reasoning-gym")}

@@ -28,8 +28,8 @@ import threading
 from collections import deque
 from typing import Any
 
-from ...agents.base import Agent
-from ...types import Action
+from ....agents.base import Agent
+from ....types import Action
 from .knowledge import NO, UNKNOWN, YES
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -129,10 +129,10 @@ def gamemaster_from_config(env_config: dict[str, Any], tokenizer: Any = None) ->
         )
     temperature = float(env_config.get("gamemaster_temperature", 0.0))
     max_tokens = int(env_config.get("gamemaster_max_tokens", 8))
-    from ...agents.sampling import SamplingConfig
+    from ....agents.sampling import SamplingConfig
 
     if spec.startswith("openai:"):
-        from ...agents.openai import OpenAIChatAgent
+        from ....agents.openai import OpenAIChatAgent
 
         # api_key="": a host named in (possibly untrusted) task data never receives the user's API key;
         # pass an AgentGamemaster built by hand for an authenticated endpoint.
@@ -145,7 +145,7 @@ def gamemaster_from_config(env_config: dict[str, Any], tokenizer: Any = None) ->
             request_logprobs=False,
         )
     else:
-        from ...agents.loading import load_agent
+        from ....agents.loading import load_agent
 
         agent = load_agent(spec, SamplingConfig(temperature=temperature, max_new_tokens=max_tokens))
     return AgentGamemaster(agent, system_prompt=env_config.get("gamemaster_system_prompt") or DEFAULT_SYSTEM_PROMPT)

@@ -16,9 +16,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ..base import MultistepEnv
-from ..config import EnvConfig, EnvConfigError, option
-from ..task_data import task_int
+from ...base import MultistepEnv
+from ...config import EnvConfig, EnvConfigError, option
+from ...task_data import task_int
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -42,41 +42,33 @@ Mapping of TextArena's contract (``reset`` / ``get_observation`` / ``step`` /
   ``reason`` is in the last turn's ``info``.
 
 Randomness: TextArena games draw from the *global* ``random`` (and some from
-``numpy.random``). Every ``make`` / ``reset`` / ``step`` runs under one
-process-wide lock with the global generators swapped for the episode's own
-state (seeded from ``task_data["seed"]`` at reset, saved after each call), and
-the caller's state restored afterwards. So episodes running concurrently in
-threads stay reproducible and do not disturb each other; other code drawing
-from the global ``random`` in another thread at the same moment is not
-protected.
+``numpy.random``); every ``make`` / ``reset`` / ``step`` runs with the global
+generators swapped for the episode's own state (:mod:`.global_random`), so
+concurrent episodes stay reproducible.
 
 Games that cannot run offline fail at construction with
 :class:`TextArenaGameUnavailable`: games that call a hosted LLM (TwentyQuestions,
 GuessWho, Debate, ...), games whose NLTK data is not installed (Wordle, Hangman,
-... — TextArena would try to download it when the module is imported),
+... — TextArena would try to download it when the module is imported; both read
+from the game's source, :mod:`.offline`),
 multi-player games and games whose reset fails here.
 """
 
 from __future__ import annotations
 
 import json
-import random
-import re
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ..base import MultistepEnv
-from ..config import EnvConfig, option
-from ..external import package_version
-from ..task_data import task_int
-
-INSTALL_HINT = 'pip install "hf_rollouts[textarena]"'
+from ....types import scalar_info
+from ...config import EnvConfig, option
+from ...task_data import task_int
+from ..adapter import AdapterEnv, AdapterEpisode
+from .global_random import swapped_global_random
+from .offline import static_problem
 
 DEFAULT_EMPTY_OBSERVATION = "(No new message from the game. Make your next move.)"
 
@@ -98,24 +90,6 @@ class TextArenaConfig(EnvConfig):
 RESERVED_KEYS = frozenset(TextArenaConfig.keys())
 """``env_config`` keys read by :class:`TextArenaEnv` itself; all others go to ``textarena.make``."""
 
-# Markers, in a game module's source, of a game that calls a hosted model during play.
-_HOSTED_MODEL_MARKERS = re.compile(r"OpenRouter\w*|\bta\.agents\.\w+|\btextarena\.agents\b|\bJury\b|make_online")
-_NLTK_DOWNLOAD = re.compile(r"nltk\.download\(([^)]*)\)")
-_NLTK_CATEGORIES = (
-    "corpora",
-    "taggers",
-    "tokenizers",
-    "chunkers",
-    "models",
-    "misc",
-    "stemmers",
-    "grammars",
-    "sentiment",
-)
-
-_GLOBAL_RANDOM_LOCK = threading.RLock()
-"""Serialises every use of the process-wide ``random`` / ``numpy.random`` state by TextArena games."""
-
 
 class TextArenaGameUnavailable(RuntimeError):
     """A TextArena game that cannot be played here (hosted model, missing data, not single-player, ...)."""
@@ -123,50 +97,7 @@ class TextArenaGameUnavailable(RuntimeError):
 
 def import_textarena() -> Any:
     """Import the optional ``textarena`` package, or raise ``ImportError`` saying how to install it."""
-    try:
-        import textarena
-    except ImportError as exc:
-        raise ImportError(
-            f"TextArenaEnv needs the optional dependency 'textarena' ({exc}). Install it with: {INSTALL_HINT}"
-        ) from exc
-    return textarena
-
-
-def _numpy_random() -> Any:
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover - numpy comes with datasets
-        return None
-    return numpy.random
-
-
-@contextmanager
-def _swapped_global_random(holder: Any, seed: int | None = None) -> Iterator[None]:
-    """Run the body with the global RNGs set to ``holder``'s state (or seeded with ``seed``), under the lock.
-
-    On exit the new RNG states are saved back into ``holder.random_state`` /
-    ``holder.numpy_random_state`` and the caller's global states are restored.
-    """
-    np_random = _numpy_random()
-    with _GLOBAL_RANDOM_LOCK:
-        saved = random.getstate()
-        np_saved = np_random.get_state() if np_random is not None else None
-        try:
-            if seed is not None:
-                random.seed(seed)
-                if np_random is not None:
-                    np_random.seed(seed % 2**32)
-            else:
-                random.setstate(holder.random_state)
-                if np_random is not None and holder.numpy_random_state is not None:
-                    np_random.set_state(holder.numpy_random_state)
-            yield
-        finally:
-            holder.random_state = random.getstate()
-            holder.numpy_random_state = np_random.get_state() if np_random is not None else None
-            random.setstate(saved)
-            if np_random is not None:
-                np_random.set_state(np_saved)
+    return TextArenaEnv.import_package()
 
 
 def _innermost(env: Any, ta: Any) -> Any:
@@ -182,8 +113,8 @@ def _jsonable(value: Any) -> Any:
 
 
 @dataclass
-class TextArenaEpisode:
-    """Per-episode state: the game, its RNG state and the next message for the agent."""
+class TextArenaEpisode(AdapterEpisode):
+    """Per-episode state: the game, its RNG state (and the next message for the agent)."""
 
     seed: int
     game: Any = None  # the env textarena.make returned (actions go through its wrappers)
@@ -191,14 +122,13 @@ class TextArenaEpisode:
     player_id: int = 0
     random_state: Any = None
     numpy_random_state: Any = None
-    message: str = ""
-    done: bool = False
     rewards: dict | None = None
     game_info: dict | None = None
 
 
-class TextArenaEnv(MultistepEnv):
+class TextArenaEnv(AdapterEnv):
     name = "textarena"
+    package, distribution, extra = "textarena", "textarena", "textarena"
     default_max_turns = 100
     default_max_reward = 1.0  # TextArena's reward of a won game
     config_class = TextArenaConfig
@@ -222,7 +152,7 @@ class TextArenaEnv(MultistepEnv):
             close = sorted(k for k in ENV_REGISTRY if k.split("-")[0].lower() == env_id.split("-")[0].lower())
             hint = f" Ids of that game: {close}." if close else ""
             raise ValueError(f"{env_id!r} is not a registered TextArena game.{hint}")
-        problem = _static_problem(env_id, spec.entry_point, self.ta)
+        problem = static_problem(env_id, spec.entry_point, self.ta)
         if problem:
             raise TextArenaGameUnavailable(f"TextArena game {env_id!r} cannot run here: {problem}.")
         game_turns, allowance = self._probe()
@@ -252,7 +182,7 @@ class TextArenaEnv(MultistepEnv):
     def _new_game(self, episode: TextArenaEpisode) -> None:
         """Make, reset and read the first observation of ``episode``'s game (deterministic in its seed)."""
         ta = self.ta
-        with _swapped_global_random(episode, seed=episode.seed):
+        with swapped_global_random(episode, seed=episode.seed):
             game = ta.make(self.env_id, **self.make_kwargs)
             core = _innermost(game, ta)
             game.reset(num_players=1, seed=episode.seed)
@@ -305,21 +235,17 @@ class TextArenaEnv(MultistepEnv):
         self._new_game(episode)
         return episode
 
-    def _format_prompt(self, state: TextArenaEpisode, step: int) -> str:
-        return state.message
-
     def _step_episode(
         self, session_id: str, state: TextArenaEpisode, action: str
     ) -> tuple[TextArenaEpisode, float, bool, dict[str, Any]]:
-        if state.done:
-            raise RuntimeError(f"TextArena game {self.env_id!r} (seed {state.seed}) is already over.")
-        with _swapped_global_random(state):
+        self.check_live(state, f"TextArena game {self.env_id!r} (seed {state.seed})")
+        with swapped_global_random(state):
             done, step_info = state.game.step(action)
             if done:
                 rewards, game_info = self._close(state.game)
             else:
                 _, observations = state.core.get_observation()
-        info = {k: v for k, v in (step_info or {}).items() if isinstance(v, (str, int, float, bool, type(None)))}
+        info = scalar_info(step_info)
         if not done:
             state.message = self._render(observations, state.player_id)
             return state, 0.0, False, info
@@ -338,14 +264,7 @@ class TextArenaEnv(MultistepEnv):
     # -- tasks ------------------------------------------------------------------
     def _seeds(self, split: str) -> Iterator[int]:
         """Endless, distinct, reproducible seeds: even for train, odd for eval (so always disjoint)."""
-        rng = self._rng("seeds", self.env_id, split)
-        parity = 1 if split == "eval" else 0
-        seen: set[int] = set()
-        while True:
-            seed = 2 * rng.randrange(2**30) + parity
-            if seed not in seen:
-                seen.add(seed)
-                yield seed
+        return self.split_seeds(split, self.env_id)
 
     def _game_key(self, seed: int) -> str:
         episode = TextArenaEpisode(seed=seed)
@@ -371,13 +290,8 @@ class TextArenaEnv(MultistepEnv):
                 out.append((seed, key))
         return out
 
-    def fingerprint(self) -> dict[str, Any]:
-        return {**super().fingerprint(), "textarena": package_version("textarena")}
-
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
-        if split not in ("train", "eval"):
-            raise ValueError(f"split must be 'train' or 'eval', got {split!r}.")
-        n = num_tasks if num_tasks is not None else (self.num_eval_tasks if split == "eval" else self.num_train_tasks)
+        n = self.split_size(split, num_tasks)
         if not self.disjoint_games:
             seeds = self._seeds(split)
             return [{"seed": next(seeds)} for _ in range(n)]
@@ -390,72 +304,3 @@ class TextArenaEnv(MultistepEnv):
             return [{"seed": s} for s, _ in self._distinct("eval", self.num_eval_tasks, set())[:n]]
         eval_keys = {k for _, k in self._distinct("eval", self.num_eval_tasks, set())}
         return [{"seed": s} for s, _ in self._distinct("train", n, eval_keys)]
-
-
-# -- static checks of a game's module (no import, so no download is attempted) ----------
-
-
-def _module_source(entry_point: Any, ta: Any) -> str | None:
-    if isinstance(entry_point, str):
-        module = entry_point.split(":")[0]
-    else:
-        module = getattr(entry_point, "__module__", "")
-    if not module.startswith("textarena."):
-        return None
-    path = Path(ta.__file__).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError:
-        return None
-
-
-def _nltk_resources(source: str) -> list[str]:
-    names: list[str] = []
-    for args in _NLTK_DOWNLOAD.findall(source):
-        names += re.findall(r"['\"]([\w\-]+)['\"]", args)
-    if re.search(r"corpus import[^\n]*\bwords\b|words\.words\(", source):
-        names.append("words")
-    if "pos_tag" in source:
-        names.append("averaged_perceptron_tagger_eng")
-    return sorted(set(names))
-
-
-def _nltk_missing(names: list[str]) -> list[str]:
-    try:
-        import nltk
-    except ImportError:
-        return names
-    missing = []
-    for name in names:
-        for category in _NLTK_CATEGORIES:
-            try:
-                nltk.data.find(f"{category}/{name}")
-                break
-            except LookupError:
-                continue
-        else:
-            missing.append(name)
-    return missing
-
-
-def _static_problem(env_id: str, entry_point: Any, ta: Any) -> str | None:
-    """Why the game cannot run offline, read from its module's source; ``None`` if nothing is known."""
-    source = _module_source(entry_point, ta)
-    if source is None:
-        return None
-    hosted = _HOSTED_MODEL_MARKERS.search(source)
-    if hosted:
-        return (
-            f"it calls a hosted LLM during play ({hosted.group(0)}: OpenRouter over the network, with an API key), "
-            "which TextArenaEnv does not allow: rewards would depend on a remote model"
-            + (" — use hf_rollouts' own offline env 'twenty_questions' instead" if "TwentyQuestions" in env_id else "")
-        )
-    if "nltk" in source:
-        missing = _nltk_missing(_nltk_resources(source))
-        if missing:
-            return (
-                f"it needs the NLTK data {missing}, which is not installed, and TextArena would try to download it "
-                f"from the internet when the game is imported; install it first where the network allows "
-                f"(python -m nltk.downloader {' '.join(missing)}) and point NLTK_DATA at it"
-            )
-    return None

@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import EnvConfigError, option
-from ..task_data import task_int
-from ..tool_env import ToolEnv, ToolEnvConfig
+from ...config import EnvConfigError, option
+from ...task_data import task_int
+from ...tool_env import ToolEnv, ToolEnvConfig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -53,7 +53,7 @@ YES: Final[str] = "Yes"
 NO: Final[str] = "No"
 UNKNOWN: Final[str] = "I don't know"
 
-_PACKAGE: Final[str] = "hf_rollouts.envs.twenty_questions"
+_PACKAGE: Final[str] = __package__
 _DATA_FILE: Final[str] = "objects.json"
 
 _ARTICLES: Final[frozenset[str]] = frozenset({"a", "an", "the"})

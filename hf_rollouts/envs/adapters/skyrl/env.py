@@ -39,16 +39,15 @@ local sqlite database under ``db_path``). ``search``/``searchcode`` need a retri
 from __future__ import annotations
 
 import copy
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ..base import MultistepEnv
-from ..config import EnvConfig, EnvConfigError, option
-from ..external import import_optional, package_version
-from ..task_data import TaskDataError, require
+from ....types import scalar_info
+from ...config import EnvConfig, EnvConfigError, option
+from ...task_data import TaskDataError, require
+from ..adapter import AdapterEnv, AdapterEpisode
 
 DEFAULT_EMPTY_OBSERVATION = "(The environment returned no message. Continue.)"
 
@@ -74,7 +73,7 @@ class SkyRLGymConfig(EnvConfig):
 
 
 def import_skyrl_gym() -> Any:
-    return import_optional("skyrl_gym", env="SkyRLGymEnv", extra="skyrl")
+    return SkyRLGymEnv.import_package()
 
 
 def skyrl_task(row: dict[str, Any]) -> dict[str, Any]:
@@ -86,19 +85,10 @@ def skyrl_task(row: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
-class SkyRLEpisode:
-    """Per-episode state: the SkyRL env object and the next message for the agent."""
+class SkyRLEpisode(AdapterEpisode):
+    """Per-episode state: the SkyRL env object (and the next message for the agent)."""
 
     env: Any
-    system: str | None
-    message: str
-    done: bool = False
-
-
-def _jsonable(metadata: Any) -> dict[str, Any]:
-    if not isinstance(metadata, dict):
-        return {}
-    return {str(k): v for k, v in metadata.items() if isinstance(v, (str, int, float, bool, type(None)))}
 
 
 SAFE_ENV_CLASSES = frozenset({"gsm8k", "gsm8k_multi_turn", "aime"})
@@ -121,8 +111,9 @@ def entry_module(env_class: str) -> str:
     return module or f"skyrl_gym.envs.{env_class}"
 
 
-class SkyRLGymEnv(MultistepEnv):
+class SkyRLGymEnv(AdapterEnv):
     name = "skyrl"
+    package, distribution, extra = "skyrl_gym", "skyrl-gym", "skyrl"
     default_max_turns = 5
     config_class = SkyRLGymConfig
 
@@ -191,27 +182,18 @@ class SkyRLGymEnv(MultistepEnv):
             )
         return (messages[0]["content"] if len(messages) == 2 else None), messages[-1]["content"]
 
-    def _system_prompt(self, state: SkyRLEpisode) -> str | None:
-        return state.system
-
-    def _format_prompt(self, state: SkyRLEpisode, step: int) -> str:
-        return state.message
-
     def _step_episode(
         self, session_id: str, state: SkyRLEpisode, action: str
     ) -> tuple[SkyRLEpisode, float, bool, dict[str, Any]]:
-        if state.done:
-            raise RuntimeError(f"SkyRL env {self.config.env_class!r}: this episode is already over.")
+        self.check_live(state, f"the episode of SkyRL env {self.config.env_class!r}")
         out = state.env.step(action)
         if not isinstance(out, dict) or not {"observations", "reward", "done"} <= set(out):
             raise TypeError(
                 f"SkyRL env {self.config.env_class!r}.step returned {out!r:.120}; expected "
                 "{'observations', 'reward', 'done', 'metadata'}."
             )
-        reward, done = out["reward"], out["done"]
-        if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
-            raise TypeError(f"SkyRL env {self.config.env_class!r} returned reward {reward!r}, not a number.")
-        info = _jsonable(out.get("metadata"))
+        reward, done = self.reward(out["reward"], f"SkyRL env {self.config.env_class!r}"), out["done"]
+        info = scalar_info(out.get("metadata"))
         if out.get("postprocessed_action") is not None:
             info["postprocessed_action"] = str(out["postprocessed_action"])  # recorded, never applied to tokens
         if done:
@@ -219,10 +201,10 @@ class SkyRLGymEnv(MultistepEnv):
             turns, limit = getattr(state.env, "turns", None), getattr(state.env, "max_turns", None)
             if self.config.turn_limit_truncates and isinstance(turns, int) and isinstance(limit, int) and turns > 0:
                 info["truncated"] = turns >= limit
-            return state, float(reward), True, info
+            return state, reward, True, info
         contents = [str(m.get("content", "")) for m in out["observations"] or [] if isinstance(m, dict)]
         state.message = "\n".join(c for c in contents if c) or self.config.empty_observation
-        return state, float(reward), False, info
+        return state, reward, False, info
 
     def _close_episode(self, session_id: str, state: SkyRLEpisode) -> None:
         """Close the episode's SkyRL env, however the episode ended (a failing step included)."""
@@ -231,7 +213,7 @@ class SkyRLGymEnv(MultistepEnv):
 
     # -- tasks --------------------------------------------------------------------
     def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
-        if split not in ("train", "eval"):
+        if split not in ("train", "eval"):  # no default sizes: the SkyRL dataset's rows
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}.")
         source = self.config.eval_data if split == "eval" else self.config.train_data
         if source is None:
@@ -240,13 +222,10 @@ class SkyRLGymEnv(MultistepEnv):
                 "file(s), a save_to_disk directory or a Hub id (rows {prompt, env_class, reward_spec, ...}), or build "
                 "task rows with hf_rollouts.envs.skyrl.skyrl_task(row)."
             )
-        from ...sources import load_dataset_source
+        from ....sources import load_dataset_source
 
         data = load_dataset_source(source, split=split)
         if "env_class" in data.column_names:
             data = data.filter(lambda c: c == self.config.env_class, input_columns="env_class")
         rows = data.select(range(min(num_tasks, len(data)))) if num_tasks is not None else data
         return [skyrl_task(row) for row in rows]
-
-    def fingerprint(self) -> dict[str, Any]:
-        return {**super().fingerprint(), "skyrl-gym": package_version("skyrl-gym")}

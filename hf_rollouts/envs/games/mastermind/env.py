@@ -20,9 +20,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ..base import MultistepEnv
-from ..config import EnvConfig, EnvConfigError, option
-from ..task_data import TaskDataError, require
+from ...base import MultistepEnv
+from ...config import EnvConfig, EnvConfigError, option
+from ...task_data import TaskDataError, require
 
 
 def score_guess(code: list[int], guess: list[int]) -> tuple[int, int]:

@@ -1,0 +1,3 @@
+"""The games hf_rollouts ships: Twenty Questions (:mod:`.twenty_questions`), Mastermind (:mod:`.mastermind`),
+guess-the-number (:mod:`.guess_number`) and the hidden-function tool env (:mod:`.hidden_function`). Each is
+imported under its public name, ``hf_rollouts.envs.<game>`` (:mod:`hf_rollouts.envs.public_names`)."""
