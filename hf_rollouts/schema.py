@@ -19,6 +19,16 @@ from typing import Any, Union
 import pyarrow as pa
 from datasets import Dataset, DatasetDict, Features, Json, List, Value, concatenate_datasets
 
+__all__ = [
+    "Column",
+    "ROLLOUT_COLUMNS",
+    "ROLLOUT_FEATURES",
+    "TASK_COLUMNS",
+    "TASK_FEATURES",
+    "TaskValidationError",
+    "as_task_dataset",
+]
+
 TASK_COLUMNS = ("env_class_path", "env_config", "task_data")
 TASK_FEATURES = Features({"env_class_path": Value("string"), "env_config": Json(), "task_data": Json()})
 TASK_COLUMN_HELP = {

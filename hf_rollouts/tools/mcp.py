@@ -30,6 +30,8 @@ from typing import Any
 from .declare import Tool
 from .run import ToolFailed, tool_loop
 
+__all__ = ["MCPTools"]
+
 MCP_INSTALL = 'pip install "hf_rollouts[mcp]"  (PyPI mcp >= 2)'
 
 
