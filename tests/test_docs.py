@@ -30,6 +30,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+README_TEXT = (ROOT / "README.md").read_text()
 PYTHON = {"python", "py", "pycon"}
 SHELL = {"bash", "sh", "shell", "console"}
 USER_MODULES = (
@@ -117,6 +118,26 @@ def test_the_pages_have_blocks_to_check():
 @pytest.mark.parametrize("dotted", DOTTED)
 def test_every_dotted_name_the_pages_show_resolves(dotted):
     resolve(dotted)
+
+
+def heading_ids(page: Path) -> set[str]:
+    """The anchors of a page's headings, as mkdocs' toc makes them (lower case, punctuation dropped, ``-``
+    for spaces)."""
+    titles = re.findall(r"^#+ +(.+?) *$", page.read_text(), flags=re.M)
+    return {re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", t.lower()).strip()) for t in titles}
+
+
+def test_every_relative_link_of_the_readme_leads_somewhere():
+    """mkdocs checks the site's links; the README is not part of the site, so its links into docs/ are checked here."""
+    links = re.findall(r"\]\(([^)\s]+)\)", README_TEXT)
+    local = [link for link in links if not re.match(r"^[a-z]+:", link)]
+    assert len(local) >= 10, local
+    for link in local:
+        path, _, anchor = link.partition("#")
+        target = ROOT / path if path else ROOT / "README.md"
+        assert target.exists(), f"README.md links {link}: no such file"
+        if anchor:
+            assert anchor in heading_ids(target), f"README.md links {link}: {path or 'README.md'} has no such heading"
 
 
 # -- Python blocks ---------------------------------------------------------------------------------------------
