@@ -31,7 +31,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 README_TEXT = (ROOT / "README.md").read_text()
-PYTHON = {"python", "py", "pycon"}
+PYTHON = {"python", "py"}
 SHELL = {"bash", "sh", "shell", "console"}
 USER_MODULES = (
     "hf_rollouts.schema",
