@@ -35,7 +35,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ..rollout import resolve
+from ..aio import resolve
 from ..types import ToolCall, ToolResult
 from .base import MultistepEnv
 
