@@ -172,8 +172,8 @@ class _Group:
 
 
 class _Worker:
-    """A worker thread serving one run (see :mod:`.workers`). ``active``/``held`` are the engine's view: it has been
-    woken and has not reported idle since / it waits inside a door for an answer (not counted against the width)."""
+    """A worker thread serving one run. ``active``: woken and not yet rested since; ``held``: waiting inside a door
+    for an answer (not counted against the width); ``play``: what it advances now."""
 
     __slots__ = ("inbox", "active", "held", "abandoned", "play", "taken")
 
@@ -184,10 +184,10 @@ class _Worker:
         self.taken = 0
 
 
-_IDLE, _BATCHED, _ASK, _FAILED = "idle", "batched", "ask", "failed"  # what workers tell the loop besides results
-
-
 class _Engine:
+    """One run (see the module docstring). Its state is changed only under ``lock``, by a worker routing what it
+    advanced or by the loop (an awaited result, a time limit, a look)."""
+
     def __init__(self, groups: list[GroupJob], agent: Agent, cap: int, options: dict[str, Any]) -> None:
         self.agent, self.cap = agent, cap
         self.on_error, self.on_episode_end = options["on_error"], options["on_episode_end"]
@@ -204,15 +204,17 @@ class _Engine:
         self.todo = deque((g, k) for g in self.groups for k in range(len(g.job.jobs)))
         self.results: list[EpisodeGroup | None] = [None] * len(groups)
         self.remaining = len(groups)
+        self.lock = threading.Lock()
         self.queue: deque[Play | _Batch] = deque()  # QUEUED plays and batch calls, taken by workers
         self.parked: list[Play] = []  # ASKING a client-batching agent: the next batch
         self.alive: set[Play] = set()  # started, not DONE
         self.live = 0  # episodes alive (max_concurrency; the batch rule)
         self.batches = 0  # act_batch calls running
         self.workers: list[_Worker] = []
-        self.outbox: deque = deque()  # messages from workers, handled on the loop
-        self.posted = False
-        self.police_at, self.look_at, self.taken = math.inf, math.inf, 0
+        self.wanted = 0  # queued plays of envs whose hooks block, since the last kick
+        self.to_await: list[tuple[Play, Any]] = []  # awaitables a worker handed over, started on the loop
+        self.taken = 0
+        self.police_at = math.inf
         self.police_timer: asyncio.TimerHandle | None = None
         self.stopped = False
         self.done: Future = Future()
@@ -225,9 +227,19 @@ class _Engine:
             self.loop.call_soon_threadsafe(self._safe, self._start)
             return self.done.result()
         except KeyboardInterrupt:  # stop, but not while the agent is mid-call (a 2nd ^C: now)
-            self.loop.call_soon_threadsafe(self._stop, None)
+            self.loop.call_soon_threadsafe(self._safe, self._stop, None)
             self.quiet.wait()
             raise
+
+    def _safe(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn`` under the lock, then put workers on what it queued (every entry point but a worker's own
+        results goes through here). An exception in the engine stops the run and reaches the caller."""
+        with self.lock:
+            try:
+                fn(*args)
+                self._kick()
+            except BaseException as exc:
+                self._stop(exc)
 
     # -- workers (their own threads) --------------------------------------------------------------------------
     def _serve(self, me: _Worker) -> None:
@@ -238,26 +250,28 @@ class _Engine:
                 except IndexError:
                     break
                 me.taken += 1
+                if isinstance(play, _Batch):
+                    self._answer_batch(play)
+                    continue
+                play.worker, play.phase, me.play = me, Phase.RUNNING, play
                 try:
-                    if isinstance(play, _Batch):
-                        self._answer_batch(play)
-                        continue
-                    play.worker, play.phase, me.play = me, Phase.RUNNING, play
                     out = play.advance()
                 except BaseException as exc:  # a bug, or on_error="raise": the run stops and re-raises it
-                    if isinstance(play, _Batch):  # the agent raised past act_batch (e.g. KeyboardInterrupt)
-                        self._post(_FAILED, exc)
-                        self._post(_BATCHED, play)
-                        continue
                     out = exc
                 me.play = None
-                self._post(play, out)
+                self._safe(self._route, play, out)
+                if len(self.to_await) >= 32:
+                    self._hand_over()
             if me.abandoned:
                 return  # the engine gave up on the hook this worker ran; its result was dropped
-            self._post(_IDLE, me)
+            with self.lock:
+                me.active = False
+                self._kick()  # what was queued after this worker looked
+            self._hand_over()
 
     def _answer_batch(self, batch: _Batch) -> None:
         requests = [play.request for play in batch.plays]
+        failure = None
         try:
             answers: list[Any] = self.agent.act_batch(requests)
             if len(answers) != len(requests):
@@ -267,60 +281,44 @@ class _Engine:
                 )
         except Exception as exc:  # the whole batch failed: every episode of it records the failure
             answers = [exc] * len(requests)
-        for play, answer in zip(batch.plays, answers):
-            play.clock.end()
-            play.value = answer
-            if play.reply is None and not self.stopped:
-                play.phase = Phase.QUEUED
-                self.queue.append(play)
-        self._post(_BATCHED, batch)
+        except BaseException as exc:  # raised past act_batch (e.g. KeyboardInterrupt): the run stops
+            answers, failure = [exc] * len(requests), exc
+        with self.lock:
+            self.batches -= 1
+            for play, answer in zip(batch.plays, answers):
+                play.clock.end()
+                if not self.stopped and failure is None:
+                    self._answered(play, answer)
+            if failure is not None:
+                self._stop(failure)
+            if self.stopped and not self.batches:
+                self.quiet.set()
+            self._kick()
 
     def _ask(self, play: Play, request: AgentRequest) -> Any:
-        """A door's agent call (on its worker): hand the request to the loop and wait for the answer."""
-        play.reply = Future()
-        self._post(_ASK, (play, request))
+        """A door's agent call (on its worker): route the request like any other and wait for the answer."""
+        reply = play.reply = Future()
+        with self.lock:
+            play.worker.held = True
+            self._route(play, request)
+            self._kick()
+        self._hand_over()
         try:
-            return play.reply.result()
+            return reply.result()
         finally:
             play.reply = None
 
-    def _post(self, what: Any, value: Any) -> None:
-        """Hand the loop a message; one wake-up for the messages posted before it looks (see :meth:`_on_posts`)."""
-        self.outbox.append((what, value))
-        if not self.posted:
-            self.posted = True
-            self.loop.call_soon_threadsafe(self._safe, self._on_posts)
+    def _hand_over(self) -> None:
+        """Start on the loop what workers handed over to be awaited (one wake-up of the loop for all of it)."""
+        with self.lock:
+            work, self.to_await = self.to_await, []
+        if work:
+            self.loop.call_soon_threadsafe(self._safe, self._await_all, work)
 
-    # -- the loop: everything below runs there --------------------------------------------------------------
-    def _safe(self, fn: Callable[..., None], *args: Any) -> None:
-        """Run ``fn`` (an entry point on the loop); an exception in the engine stops the run and reaches the caller."""
-        try:
-            fn(*args)
-        except BaseException as exc:
-            self._stop(exc)
-
-    def _on_posts(self) -> None:
-        self.posted = False  # before reading: a message posted from now on schedules another look
-        while self.outbox:
-            what, value = self.outbox.popleft()
-            if isinstance(what, Play):
-                self._route(what, value)
-            elif what is _IDLE:
-                value.active = False
-                self._kick()
-            elif what is _BATCHED:
-                self._batched(value)
-            elif what is _FAILED:
-                self._stop(value)
-            else:  # _ASK
-                play, request = value
-                play.worker.held = True
-                self._kick()
-                self._route(play, request)
-
+    # -- under the lock -----------------------------------------------------------------------------------------
     def _start(self) -> None:
-        if self.floor < math.inf:
-            self._police()
+        self._police()
+        self.loop.call_later(POLICY.look, self._safe, self._look)
         self._refill()
 
     def _refill(self) -> None:
@@ -348,16 +346,20 @@ class _Engine:
         play.value, play.phase = value, Phase.QUEUED
         self.alive.add(play)
         self.queue.append(play)
-        self._kick(POLICY.blocks(play.env_class))
+        self.wanted += POLICY.blocks(play.env_class)
 
-    def _kick(self, more: bool = False) -> None:
-        """Work is queued: make sure a worker is on it, and one more for a play of an env whose hooks block."""
+    def _kick(self) -> None:
+        """Work is queued: make sure a worker is on it, and one more per queued play of an env whose hooks block (up
+        to the width)."""
+        wanted, self.wanted = self.wanted, 0
         if not self.queue or self.stopped:
             return
-        busy = [w for w in self.workers if w.active and not w.held]
-        if busy and not more:
-            self._look_later()
-        elif len(busy) < self.width:
+        busy = sum(1 for w in self.workers if w.active and not w.held)
+        self._wake(min(max(wanted, 0 if busy else 1), len(self.queue), self.width - busy))
+
+    def _wake(self, n: int) -> None:
+        """Wake ``n`` resting workers of the run (new ones when there are too few)."""
+        for _ in range(n):
             worker = next((w for w in self.workers if not w.active), None)
             if worker is None:
                 worker = _Worker()
@@ -366,30 +368,28 @@ class _Engine:
             worker.active = True
             worker.inbox.put(True)
 
-    def _look_later(self) -> None:
-        if self.look_at == math.inf:
-            self.look_at = time.monotonic() + POLICY.look
-            self.taken = sum(w.taken for w in self.workers)
-            self.loop.call_at(self.look_at, self._safe, self._look)
-
     def _look(self) -> None:
-        """Queued work waited behind busy workers: if none of them took any since the last look and each sits in a
-        hook that began ``STALL`` seconds ago or more, they are blocked; the envs they run are marked blocking and the
-        waiting work gets workers of its own."""
-        self.look_at = math.inf
-        busy = [w for w in self.workers if w.active and not w.held]
-        if not self.queue or not busy or self.stopped:
+        """Every :attr:`~.workers.OffloadPolicy.look` seconds, on the loop: if work waited behind busy workers, none
+        of them took any since the last look and each sits in a hook that began ``STALL`` seconds ago or more, they
+        are blocked; the envs they run are marked blocking and the waiting work gets workers of its own."""
+        if self.stopped:
             return
-        now, plays = time.monotonic(), [w.play for w in busy]
-        if self.taken == sum(w.taken for w in self.workers) and all(
-            p is not None and p.clock.activity is not None and now - p.clock.since >= POLICY.STALL for p in plays
+        busy = [w for w in self.workers if w.active and not w.held]
+        now, plays, taken = time.monotonic(), [w.play for w in busy], sum(w.taken for w in self.workers)
+        if (
+            self.queue
+            and busy
+            and taken == self.taken
+            and all(
+                p is not None and p.clock.activity is not None and now - p.clock.since >= POLICY.STALL for p in plays
+            )
         ):
             POLICY.stalled({p.env_class for p in plays})
-            for _ in range(min(len(self.queue), self.width - len(busy))):
-                self._kick(more=True)
+            self._wake(min(len(self.queue), self.width - len(busy)))
         else:
             POLICY.progressed()
-        self._look_later()
+        self.taken = taken
+        self.loop.call_later(POLICY.look, self._safe, self._look)
 
     def _route(self, play: Play, what: Any) -> None:
         """``play`` yielded ``what`` (or ended, or raised): send it on its way."""
@@ -403,15 +403,28 @@ class _Engine:
         elif isinstance(what, HookAwait):
             play.phase = Phase.AWAITING
             play.clock.begin(what.hook)
-            self._await(play, what.awaitable)
+            self._on_loop(play, what.awaitable)
         else:
             play.phase, play.request = Phase.ASKING, what
             if self.per_request:
                 play.clock.begin(AGENT)
-                self._await(play, self.agent.answer(what))
-                return
-            self.parked.append(play)
-            self._batch()
+                self._on_loop(play, self.agent.answer(what))
+            else:
+                self.parked.append(play)
+                self._batch()
+
+    def _on_loop(self, play: Play, awaitable: Any) -> None:
+        if ENGINE_LOOP.in_loop_thread():
+            self._await(play, awaitable)
+        else:  # a worker: the loop starts it at the worker's next hand-over
+            self.to_await.append((play, awaitable))
+
+    def _await_all(self, work: list[tuple[Play, Any]]) -> None:
+        for play, awaitable in work:
+            if play.phase is Phase.DONE or self.stopped:
+                getattr(awaitable, "close", lambda: None)()
+            else:
+                self._await(play, awaitable)
 
     def _await(self, play: Play, awaitable: Any) -> None:
         play.pending = task = asyncio.ensure_future(awaitable)
@@ -447,18 +460,6 @@ class _Engine:
                 play.clock.begin(AGENT)
             self.batches += 1
             self.queue.append(_Batch(plays))
-            self._kick()
-
-    def _batched(self, batch: _Batch) -> None:
-        self.batches -= 1
-        if self.stopped:
-            if not self.batches:
-                self.quiet.set()
-            return
-        for play in batch.plays:
-            if play.reply is not None:
-                self._answered(play, play.value)
-        self._kick()
 
     def _finish(self, play: Play, result: Any) -> None:
         play.phase = Phase.DONE
@@ -498,14 +499,14 @@ class _Engine:
         self.stopped = True
         for play in self.alive:
             if play.pending is not None:
-                play.pending.cancel()
+                self.loop.call_soon_threadsafe(play.pending.cancel)
                 play.pending = None
             if play.reply is not None and not play.reply.done():
                 play.reply.set_exception(EpisodeTimeout("the run stopped"))
         for worker in self.workers:
             worker.inbox.put(None)
         if self.police_timer is not None:
-            self.police_timer.cancel()
+            self.loop.call_soon_threadsafe(self.police_timer.cancel)
         if not self.batches:
             self.quiet.set()
         if failure is not None:
@@ -520,10 +521,10 @@ class _Engine:
             self.loop.call_soon_threadsafe(self._safe, self._police)
 
     def _police(self) -> None:
-        """End what ran past its limit (see the module docstring), then look again when a limit could next pass: an
-        activity that begins later cannot pass its step limit before ``floor`` (the smallest limit) from now, and one
-        whose episode has less budget left than that rings :meth:`_alarm`."""
-        if self.stopped:
+        """On the loop: end what ran past its limit (see the module docstring), then look again when a limit could
+        next pass: an activity that begins later cannot pass its step limit before ``floor`` (the smallest limit)
+        from now, and one whose episode has less budget left than that rings :meth:`_alarm`."""
+        if self.stopped or self.floor == math.inf:
             return
         now = time.monotonic()
         for play in [p for p in self.alive if p.overrun(now)]:
@@ -533,7 +534,6 @@ class _Engine:
                 play.worker.abandoned = True
                 self.workers.remove(play.worker)
                 self._finish(play, play.timed_out(message))
-                self._kick()
             elif play.pending is not None:  # an async hook or a per-request agent: cancel it
                 play.pending.cancel()
                 play.pending = None
