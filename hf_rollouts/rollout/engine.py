@@ -78,14 +78,13 @@ START = object()  # the value that starts a generator
 class Play:
     """One generator the engine advances (an episode, or a group's reward step) and what it waits for."""
 
-    __slots__ = ("steps", "clock", "step_limit", "episode_limit", "phase", "value", "request", "pending", "worker")
-    __slots__ += ("group", "member", "job", "recorder", "reply", "env_class")
+    __slots__ = ("steps", "clock", "phase", "value", "request", "pending", "worker", "group", "member", "job")
+    __slots__ += ("recorder", "reply", "env_class")
 
-    def __init__(self, clock: HookClock, limits: tuple, group: _Group, member: int | None) -> None:
+    def __init__(self, clock: HookClock, group: _Group, member: int | None) -> None:
         self.clock, self.group, self.member = clock, group, member  # member: None for the group's reward step
         self.job: EpisodeJob | None = None if member is None else group.job.jobs[member]
         self.steps: Any = None
-        self.step_limit, self.episode_limit = limits
         self.phase, self.value = Phase.QUEUED, START
         self.request: AgentRequest | None = None
         self.pending: asyncio.Future | None = None  # the agent's answer or an async hook, awaited on the loop
@@ -95,44 +94,19 @@ class Play:
         self.env_class = type(group.job.env)
 
     def advance(self) -> Any:
-        """Run until the next yield (returned) or the end (a :class:`_Finished`). On a worker."""
+        """Run until the next yield (an :class:`AgentRequest` or a :class:`HookAwait`) or the end (the generator's
+        result: an :class:`Episode`, or the group step's list of them). On a worker."""
         value, self.value = self.value, None
         try:
             if value is START:
                 return next(self.steps)
-            clock = self.clock
-            if self.episode_limit and clock.used > self.episode_limit and not clock.ending:
-                if not isinstance(value, BaseException):
-                    value = EpisodeTimeout(f"episode_timeout: the episode ran over {self.episode_limit} s")
+            if self.clock.spent() and not isinstance(value, BaseException):
+                value = EpisodeTimeout(f"episode_timeout: the episode ran over {self.clock.episode_limit} s")
             if isinstance(value, BaseException):
                 return self.steps.throw(value)
             return self.steps.send(value)
         except StopIteration as stop:
-            return _Finished(stop.value)
-
-    def overrun(self, now: float) -> str | None:
-        """Which limit the running activity has passed at ``now`` (a message), or None."""
-        clock = self.clock
-        if clock.activity is None:
-            return None
-        if self.step_limit and clock.activity != AGENT and now - clock.since > self.step_limit:
-            return f"step_timeout: {clock.activity} ran over {self.step_limit} s"
-        if self.episode_limit and not clock.ending and clock.elapsed(now) > self.episode_limit:
-            where = "" if clock.activity == AGENT else f" (stuck in {clock.activity})"
-            return f"episode_timeout: the episode ran over {self.episode_limit} s{where}"
-        return None
-
-    def due(self) -> float:
-        """The moment the running activity would pass a limit (inf: never, or nothing runs)."""
-        clock = self.clock
-        if clock.activity is None:
-            return math.inf
-        due = math.inf
-        if self.step_limit and clock.activity != AGENT:
-            due = clock.since + self.step_limit
-        if self.episode_limit and not clock.ending:
-            due = min(due, clock.since + self.episode_limit - clock.used)
-        return due
+            return stop.value
 
     def timed_out(self, message: str) -> Any:
         """The result of a play abandoned in a stuck sync hook: a copy of what it recorded so far, as ``error``."""
@@ -142,22 +116,6 @@ class Play:
         if self.recorder is None:  # a door: nothing recorded here
             return Episode([], [], [], [], None, math.nan, "error", message, 0, 0, [], [])
         return self.recorder.snapshot_error(message)
-
-
-class _Finished:
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-class _Batch:
-    """A client-batching agent's call, queued for a worker like a play."""
-
-    __slots__ = ("plays",)
-
-    def __init__(self, plays: list[Play]) -> None:
-        self.plays = plays
 
 
 class _Group:
@@ -205,7 +163,7 @@ class _Engine:
         self.results: list[EpisodeGroup | None] = [None] * len(groups)
         self.remaining = len(groups)
         self.lock = threading.Lock()
-        self.queue: deque[Play | _Batch] = deque()  # QUEUED plays and batch calls, taken by workers
+        self.queue: deque[Play | list[Play]] = deque()  # QUEUED plays and batch calls (a list), taken by workers
         self.parked: list[Play] = []  # ASKING a client-batching agent: the next batch
         self.alive: set[Play] = set()  # started, not DONE
         self.live = 0  # episodes alive (max_concurrency; the batch rule)
@@ -250,7 +208,7 @@ class _Engine:
                 except IndexError:
                     break
                 me.taken += 1
-                if isinstance(play, _Batch):
+                if isinstance(play, list):
                     self._answer_batch(play)
                     continue
                 play.worker, play.phase, me.play = me, Phase.RUNNING, play
@@ -269,8 +227,8 @@ class _Engine:
                 self._kick()  # what was queued after this worker looked
             self._hand_over()
 
-    def _answer_batch(self, batch: _Batch) -> None:
-        requests = [play.request for play in batch.plays]
+    def _answer_batch(self, batch: list[Play]) -> None:
+        requests = [play.request for play in batch]
         failure = None
         try:
             answers: list[Any] = self.agent.act_batch(requests)
@@ -285,7 +243,7 @@ class _Engine:
             answers, failure = [exc] * len(requests), exc
         with self.lock:
             self.batches -= 1
-            for play, answer in zip(batch.plays, answers):
+            for play, answer in zip(batch, answers):
                 play.clock.end()
                 if not self.stopped and failure is None:
                     self._answered(play, answer)
@@ -324,8 +282,8 @@ class _Engine:
     def _refill(self) -> None:
         while self.todo and self.live < self.cap and not self.stopped:
             group, k = self.todo.popleft()
-            clock = HookClock()
-            play = Play(clock, group.limits, group, k)
+            clock = HookClock(*group.limits)
+            play = Play(clock, group, k)
             job = play.job
             env = job.env
             if env.implements("_run_complete_episode"):
@@ -337,7 +295,7 @@ class _Engine:
                     env, job.session_id, job.task_data, on_error=self.on_error, clock=clock, recorder=play.recorder,
                     seed=job.seed,
                 )  # fmt: skip
-            if play.episode_limit:  # its remaining budget may run out before the engine would look
+            if clock.episode_limit:  # its remaining budget may run out before the engine would look
                 clock.alarm = partial(self._alarm, play)
             self.live += 1
             self._push(play, START)
@@ -396,14 +354,14 @@ class _Engine:
         if play.phase is Phase.DONE:  # ended by a time limit while it ran: its result is dropped
             getattr(getattr(what, "awaitable", None), "close", lambda: None)()
             return
-        if isinstance(what, _Finished):
-            self._finish(play, what.value)
-        elif isinstance(what, BaseException):
+        if isinstance(what, BaseException):
             self._stop(what)
         elif isinstance(what, HookAwait):
             play.phase = Phase.AWAITING
             play.clock.begin(what.hook)
             self._on_loop(play, what.awaitable)
+        elif not isinstance(what, AgentRequest):  # the generator's result
+            self._finish(play, what)
         else:
             play.phase, play.request = Phase.ASKING, what
             if self.per_request:
@@ -459,7 +417,7 @@ class _Engine:
             for play in plays:
                 play.clock.begin(AGENT)
             self.batches += 1
-            self.queue.append(_Batch(plays))
+            self.queue.append(plays)
 
     def _finish(self, play: Play, result: Any) -> None:
         play.phase = Phase.DONE
@@ -476,7 +434,7 @@ class _Engine:
         if not group.left:
             env = group.job.env
             if self.group_step and env.implements("_calculate_group_rewards"):
-                step = Play(HookClock(), (group.limits[0], None), group, None)  # step_timeout bounds the hook
+                step = Play(HookClock(group.limits[0]), group, None)  # step_timeout bounds the hook
                 step.steps = group_steps(
                     env, group.job.task_data, group.episodes, on_error=self.on_error, clock=step.clock
                 )
@@ -517,7 +475,7 @@ class _Engine:
     # -- time limits -------------------------------------------------------------------------------------------
     def _alarm(self, play: Play, _clock: HookClock) -> None:
         """An activity of ``play`` began (any thread): look sooner if it could run over before the next look."""
-        if play.due() < self.police_at:
+        if play.clock.due() < self.police_at:
             self.loop.call_soon_threadsafe(self._safe, self._police)
 
     def _police(self) -> None:
@@ -527,8 +485,8 @@ class _Engine:
         if self.stopped or self.floor == math.inf:
             return
         now = time.monotonic()
-        for play in [p for p in self.alive if p.overrun(now)]:
-            message = play.overrun(now)
+        for play in [p for p in self.alive if p.clock.overrun(now)]:
+            message = play.clock.overrun(now)
             if play.phase is Phase.RUNNING and play.clock.activity != AGENT:  # a sync hook: abandon its worker
                 play.clock.cancelled = True  # if the hook ever returns, its episode stops there
                 play.worker.abandoned = True
@@ -543,7 +501,7 @@ class _Engine:
             return
         if self.police_timer is not None:
             self.police_timer.cancel()
-        self.police_at = min([now + self.floor, *(p.due() for p in self.alive)]) + 0.001
+        self.police_at = min([now + self.floor, *(p.clock.due() for p in self.alive)]) + 0.001
         self.police_timer = self.loop.call_at(self.police_at, self._safe, self._police)
 
 

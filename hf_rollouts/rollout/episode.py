@@ -67,18 +67,19 @@ class EpisodeEnv(Protocol):
 
 
 class HookClock:
-    """What an episode is doing that counts against its time limits, and the time it has used.
+    """What an episode is doing that counts against its time limits, the time it has used, and its limits.
 
     ``activity`` names the charged activity running now (an env hook, or ``"agent"`` while the agent answers
     the episode's request) and ``since`` when it began; ``used`` is the seconds of finished activities. Time an
     episode spends waiting for its turn (for a worker thread, for a batch to form, behind other episodes) is
-    never charged. ``alarm`` (set by the engine for episodes with an ``episode_timeout``) is told when an
-    activity begins, so the engine can look before the episode's remaining budget runs out.
+    never charged. ``step_limit`` bounds one hook call, ``episode_limit`` the time charged in all (``None``: no
+    limit). ``alarm`` (set by the engine for episodes with an ``episode_limit``) is told when an activity begins, so
+    the engine can look before the episode's remaining budget runs out.
     """
 
-    __slots__ = ("activity", "since", "used", "alarm", "cancelled", "lock", "ending")
+    __slots__ = ("activity", "since", "used", "alarm", "cancelled", "lock", "ending", "step_limit", "episode_limit")
 
-    def __init__(self) -> None:
+    def __init__(self, step_limit: float | None = None, episode_limit: float | None = None) -> None:
         self.activity: str | None = None
         self.since = 0.0
         self.used = 0.0
@@ -86,6 +87,7 @@ class HookClock:
         self.cancelled = False  # set by the engine when it gave up on the episode: stop at the next hook
         self.lock: Any = None  # an env with thread_safe_hooks = False: its lock, held around each hook call
         self.ending = False  # the episode is over and its env releases it: only step_timeout applies now
+        self.step_limit, self.episode_limit = step_limit, episode_limit
 
     def begin(self, activity: str) -> None:
         self.activity, self.since = activity, time.monotonic()
@@ -95,10 +97,6 @@ class HookClock:
     def end(self) -> None:
         self.used += time.monotonic() - self.since
         self.activity = None
-
-    def elapsed(self, now: float) -> float:
-        """Seconds charged to the episode so far (finished activities and the running one)."""
-        return self.used + (now - self.since if self.activity is not None else 0.0)
 
     def call(self, hook: str, fn: Any, *args: Any) -> Any:
         self.begin(hook)
@@ -111,6 +109,30 @@ class HookClock:
             self.end()
             if self.cancelled:
                 raise EpisodeCancelled(f"{hook} returned after its episode was ended")
+
+    def spent(self) -> bool:
+        """The finished activities used up the episode's budget (its next step gets ``EpisodeTimeout``)."""
+        return bool(self.episode_limit and self.used > self.episode_limit and not self.ending)
+
+    def overrun(self, now: float) -> str | None:
+        """Which limit the running activity has passed at ``now`` (a message), or None."""
+        if self.activity is None:
+            return None
+        if self.step_limit and self.activity != AGENT and now - self.since > self.step_limit:
+            return f"step_timeout: {self.activity} ran over {self.step_limit} s"
+        if self.episode_limit and not self.ending and self.used + now - self.since > self.episode_limit:
+            where = "" if self.activity == AGENT else f" (stuck in {self.activity})"
+            return f"episode_timeout: the episode ran over {self.episode_limit} s{where}"
+        return None
+
+    def due(self) -> float:
+        """The moment the running activity would pass a limit (inf: never, or nothing runs)."""
+        due = math.inf
+        if self.activity is not None and self.step_limit and self.activity != AGENT:
+            due = self.since + self.step_limit
+        if self.activity is not None and self.episode_limit and not self.ending:
+            due = min(due, self.since + self.episode_limit - self.used)
+        return due
 
 
 AGENT = "agent"
