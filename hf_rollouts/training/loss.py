@@ -14,6 +14,7 @@ def token_logprobs(
     temperature: float = 1.0,
     *,
     convention: dict | None = None,
+    loss_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-position log-probabilities of the tokens in ``input_ids`` under ``model``.
 
@@ -27,16 +28,33 @@ def token_logprobs(
     ``convention``: the stored log-probs' convention (``PreparedRollouts.logprob_convention``);
     a ``temperature`` that does not match it raises ``ValueError``
     (:func:`~.convention.check_logprob_convention`).
+
+    ``loss_mask`` (same shape as ``input_ids``): only the positions from the batch's first loss token on are scored,
+    and the language-model head runs on those positions only (the model's ``logits_to_keep`` argument, which
+    transformers' causal LMs take); positions before hold 0. With a long prompt and a short answer this skips most
+    of the head's ``[tokens, vocabulary]`` product and its backward (49,152 columns for SmolLM2). The values at the
+    scored positions are the same as without it.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}.")
     check_logprob_convention(convention, temperature)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    width = input_ids.shape[1]
+    start = 1  # the first position whose log-prob is computed (position 0 has no context)
+    if loss_mask is not None:
+        if loss_mask.shape != input_ids.shape:
+            raise ValueError(f"loss_mask has shape {tuple(loss_mask.shape)}, input_ids {tuple(input_ids.shape)}.")
+        columns = loss_mask.bool().any(dim=0).nonzero()
+        start = max(1, int(columns[0])) if len(columns) else width
+    if start >= width:  # nothing to score
+        return torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    kwargs = {} if loss_mask is None else {"logits_to_keep": width - start + 1}
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits[:, -(width - start + 1) : -1]
+    logits = logits.float()
     if temperature > 0:
         logits = logits / temperature
-    targets = input_ids[:, 1:].unsqueeze(-1)
+    targets = input_ids[:, start:].unsqueeze(-1)
     picked = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    out = torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+    out = torch.cat([torch.zeros_like(picked[:, :1]).expand(-1, start), picked], dim=1)
     if attention_mask is not None:
         out = torch.where(attention_mask.bool(), out, torch.zeros_like(out))
     return out
