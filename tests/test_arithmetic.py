@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hf_rollouts import ScriptedAgent
@@ -85,7 +87,7 @@ class CalculatorAgent(Agent):
     def act(self, request):
         if self.use_tool and request.agent_state is None:
             question = request.messages[-1]["content"]
-            expr = self.expression or question.removeprefix("What is ").rstrip("?")
+            expr = self.expression or re.search(r"\d+ [-+*] \d+", question).group()
             text = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expr}"}}}}\n</tool_call>'
         else:
             last = request.messages[-1]

@@ -12,7 +12,7 @@ Three pieces, usable separately:
   ``torch.utils.data.DataLoader`` (and ``accelerate``'s prepared loaders).
 * :func:`token_logprobs` recomputes per-token log-probabilities with a model and
   :func:`grpo_loss` is the clipped policy-gradient objective with an optional
-  KL penalty.
+  KL penalty; :func:`train_top_layers` freezes all but the top of a decoder.
 
 Position convention, shared with the rollout data: position ``t`` of a sequence
 holds ``log p(input_ids[t] | input_ids[:t])`` computed as
@@ -43,6 +43,7 @@ from .collate import RolloutCollator
 from .convention import check_logprob_convention, read_logprob_convention
 from .data import FLAT_FEATURES, PreparedRollouts, load_rollouts, prepare_rollouts
 from .loss import grpo_loss, token_logprobs
+from .partial import train_top_layers
 
 __all__ = [
     "ADVANTAGE_MODES",
@@ -59,4 +60,5 @@ __all__ = [
     "prepare_rollouts",
     "read_logprob_convention",
     "token_logprobs",
+    "train_top_layers",
 ]
