@@ -190,6 +190,12 @@ class IterationStats:
     """The held-out :class:`~hf_rollouts.evaluation.Evaluation` after this iteration's update, when one ran."""
 
 
+def steps_row(s: IterationStats) -> dict:
+    """One iteration as ``summary.json``'s ``steps`` rows, the shape ``scripts/train_trl.py`` writes (step counted
+    from 1; ``reward`` is the mean reward of the rollouts sampled before the step's update)."""
+    return {"step": s.iteration + 1, "reward": s.mean_reward, "success": s.solve_rate, "tool_rate": s.tool_rate}
+
+
 def iteration_seed(seed: int, iteration: int) -> int:
     """The sampling seed of one iteration: distinct across iterations and runs."""
     return derive_seed("train_grpo", seed, iteration)
@@ -407,6 +413,7 @@ def _train(cfg: TrainConfig, command: str | None) -> list[IterationStats]:
             "heldout_before": base,
             "heldout_after": history[-1].heldout if history else base,
             "heldout_curve": [{"iteration": s.iteration, **s.heldout} for s in history if s.heldout],
+            "steps": [steps_row(s) for s in history],
             "wall_seconds": time.perf_counter() - started,
             "cpu_seconds": time.process_time() - cpu_started,
             "torch_threads": torch.get_num_threads(),

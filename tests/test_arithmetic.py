@@ -61,6 +61,7 @@ def test_last_integer_reads_signs_and_thousands_separators():
         ({"operators": ""}, "operators"),
         ({"min_operand": 5, "max_operand": 4}, "max_operand"),
         ({"phrasings": ["What is {a}?"]}, "phrasings"),
+        ({"phrasings": ['{a} {op} {b}, e.g. {"x": 1}']}, "phrasings"),  # literal braces must be doubled
     ],
 )
 def test_bad_configs_name_the_key(tokenizer, config, key):

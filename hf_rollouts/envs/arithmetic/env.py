@@ -40,7 +40,7 @@ class ArithmeticConfig(EnvConfig):
     max_operand: int = option(9, "Largest operand.", ge=0)
     operators: str = option("+", "Operators of the facts, a non-empty subset of '+-*' (e.g. '+-').")
     phrasings: list[str] | None = option(
-        None, "Question templates with {a}, {op} and {b}; default: four short ones (PHRASINGS)."
+        None, "Question templates (str.format: {a}, {op}, {b}; double literal braces); default: PHRASINGS."
     )
 
     def check(self) -> None:
@@ -58,6 +58,13 @@ def check_operands(c: Any) -> None:
     for p in c.phrasings or ():
         if not isinstance(p, str) or any(f"{{{k}}}" not in p for k in ("a", "op", "b")):
             raise EnvConfigError("phrasings", f"every phrasing needs {{a}}, {{op}} and {{b}}, got {p!r}.")
+        try:
+            p.format(a=1, op="+", b=2)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise EnvConfigError(
+                "phrasings",
+                f"phrasing {p!r} is not a str.format template ({exc!r}); write literal braces as {{{{ }}}}.",
+            ) from exc
 
 
 @dataclass
@@ -141,7 +148,7 @@ class CalculatorConfig(ToolEnvConfig):
     max_operand: int = option(999, "Largest operand.", ge=0)
     operators: str = option("+", "Operators of the facts, a non-empty subset of '+-*' (e.g. '+-').")
     phrasings: list[str] | None = option(
-        None, "Question templates with {a}, {op} and {b}; default: four short ones (PHRASINGS)."
+        None, "Question templates (str.format: {a}, {op}, {b}; double literal braces); default: PHRASINGS."
     )
 
     def check(self) -> None:
