@@ -58,11 +58,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import random
 import shutil
 import sys
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,6 +81,7 @@ from hf_rollouts.training import (
     RolloutCollator,
     grpo_loss,
     prepare_rollouts,
+    shuffle_advantages,
     token_logprobs,
     train_top_layers,
 )
@@ -242,23 +241,6 @@ def build_env(tokenizer, name: str, env_config: str | None, defaults: dict):
     return get_env_class(name)(tokenizer, config)
 
 
-def shuffle_within_groups(dataset, seed: int):
-    """The control: each group's advantages permuted among its rollouts (the group's mean and spread are kept, the
-    link between a rollout and its reward is not)."""
-    rng = random.Random(seed)
-    groups: dict[int, list[int]] = defaultdict(list)
-    for i, g in enumerate(dataset["group_id"]):
-        groups[g].append(i)
-    advantages = list(dataset["advantage"])
-    shuffled = list(advantages)
-    for members in groups.values():
-        values = [advantages[i] for i in members]
-        rng.shuffle(values)
-        for i, v in zip(members, values):
-            shuffled[i] = v
-    return dataset.map(lambda row, i: {"advantage": shuffled[i]}, with_indices=True)
-
-
 def _train(cfg: TrainConfig, command: str | None) -> list[IterationStats]:
     started, cpu_started = time.perf_counter(), time.process_time()
     accelerator = Accelerator()
@@ -321,7 +303,7 @@ def _train(cfg: TrainConfig, command: str | None) -> list[IterationStats]:
         report = prepared.report
         dataset = prepared.dataset
         if cfg.control == "shuffle" and len(dataset):
-            dataset = shuffle_within_groups(dataset, derive_seed("train_grpo_control", cfg.seed, it))
+            dataset = shuffle_advantages(dataset, derive_seed("train_grpo_control", cfg.seed, it))
         rewards = [r for row in rollouts["final_rewards"] for r in row if r is not None and math.isfinite(r)]
         statuses = [s for row in rollouts["statuses"] for s in row]
         calls = [c for row in rollouts["num_tool_calls"] for c in row]

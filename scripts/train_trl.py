@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import sys
 import tempfile
 import time
@@ -48,7 +47,9 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 class TrainConfig:
     """Settings of :func:`train`; every field is a ``--flag``."""
 
-    max_steps: int = field(default=30, metadata={"help": "Optimizer steps (one rollout call each)."})
+    max_steps: int = field(
+        default=30, metadata={"help": "Optimizer steps (one rollout call per --steps-per-generation steps)."}
+    )
     seed: int = field(default=0, metadata={"help": "Seeds the model init (tiny) and TRL's sampling."})
     model: str = field(
         default="tiny",
@@ -69,7 +70,16 @@ class TrainConfig:
         default=0, metadata={"help": "Train only the top N decoder layers and the final norm (0: every parameter)."}
     )
     num_generations: int = field(default=8, metadata={"help": "Episodes per task (the GRPO group size)."})
-    tasks_per_step: int = field(default=4, metadata={"help": "Task groups per optimizer step."})
+    tasks_per_step: int = field(
+        default=4, metadata={"help": "Task groups per rollout call (per optimizer step when --steps-per-generation 1)."}
+    )
+    steps_per_generation: int = field(
+        default=1,
+        metadata={
+            "help": "Optimizer steps per rollout call: its episodes are split into this many minibatches (TRL's "
+            "steps_per_generation; 4 with 8x8 episodes is what scripts/train_grpo.py does with --minibatch-size 16)."
+        },
+    )
     lr: float = field(default=3e-2, metadata={"help": "AdamW learning rate, constant (3e-2 suits the tiny model)."})
     low: int = field(default=3, metadata={"help": "GuessNumberEnv low."})
     high: int = field(default=3, metadata={"help": "GuessNumberEnv high (== low: a fixed answer to learn)."})
@@ -82,25 +92,6 @@ class TrainConfig:
         default=None, metadata={"help": "TRL output dir and summary.json (default: a temp dir, no summary)."}
     )
     quiet: bool = field(default=False, metadata={"help": "Do not print the table."})
-
-
-def shuffled_reward(num_generations: int, seed: int):
-    """The control's reward function: :func:`env_reward`, then each group's rewards (TRL puts a prompt's
-    ``num_generations`` completions next to each other) shuffled among its rollouts, so the group's mean and spread
-    stay and the link between a completion and its reward goes."""
-    from hf_rollouts.integrations.trl import env_reward
-
-    rng = random.Random(seed)
-
-    def shuffled_env_reward(prompts, completions, **kwargs):
-        rewards = env_reward(prompts, completions, **kwargs)
-        for start in range(0, len(rewards), num_generations):
-            group = rewards[start : start + num_generations]
-            rng.shuffle(group)
-            rewards[start : start + num_generations] = group
-        return rewards
-
-    return shuffled_env_reward
 
 
 def load_model(cfg: TrainConfig):
@@ -123,7 +114,7 @@ def build(cfg: TrainConfig, model=None, tokenizer=None):
     from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from hf_rollouts.integrations.trl import env_reward, make_rollout_func, to_trl_dataset
+    from hf_rollouts.integrations.trl import env_reward, make_rollout_func, shuffled_env_reward, to_trl_dataset
 
     if cfg.control not in ("none", "shuffle"):
         raise ValueError(f"--control must be 'none' or 'shuffle', got {cfg.control!r}.")
@@ -131,14 +122,22 @@ def build(cfg: TrainConfig, model=None, tokenizer=None):
         model, tokenizer = load_model(cfg)
     on_cpu = not torch.cuda.is_available()
     env = make_env(cfg, tokenizer)
-    tasks = env.get_train_dataset(cfg.tasks_per_step * cfg.max_steps)
+    generations = -(-cfg.max_steps // cfg.steps_per_generation)
+    tasks = env.get_train_dataset(cfg.tasks_per_step * generations)
+    episodes = cfg.tasks_per_step * cfg.num_generations
+    if episodes % cfg.steps_per_generation:
+        raise ValueError(
+            f"--tasks-per-step x --num-generations ({episodes}) must split into --steps-per-generation "
+            f"({cfg.steps_per_generation}) equal minibatches."
+        )
     args = GRPOConfig(
         output_dir=cfg.output_dir or tempfile.mkdtemp(prefix="train_trl_"),
         max_steps=cfg.max_steps,
         learning_rate=cfg.lr,
         lr_scheduler_type="constant",
         num_generations=cfg.num_generations,
-        per_device_train_batch_size=cfg.tasks_per_step * cfg.num_generations,
+        per_device_train_batch_size=episodes // cfg.steps_per_generation,
+        steps_per_generation=cfg.steps_per_generation,
         temperature=cfg.temperature,
         seed=cfg.seed,
         logging_steps=1,
@@ -154,7 +153,7 @@ def build(cfg: TrainConfig, model=None, tokenizer=None):
         disable_tqdm=True,
     )
     rollout_func = make_rollout_func(max_new_tokens=cfg.max_new_tokens)
-    reward = shuffled_reward(cfg.num_generations, cfg.seed) if cfg.control == "shuffle" else env_reward
+    reward = shuffled_env_reward(cfg.num_generations, cfg.seed) if cfg.control == "shuffle" else env_reward
     trainer = GRPOTrainer(
         model=model,
         processing_class=tokenizer,
@@ -252,7 +251,9 @@ def train(cfg: TrainConfig, command: str | None = None) -> list[StepRow]:
                     frac_reward_zero_std=h.get("frac_reward_zero_std") or 0.0,
                     grad_norm=h.get("grad_norm") or 0.0,
                     agent_tokens=h.get("completions/mean_length") or 0.0,
-                    tool_rate=tool_rates[step - 1] if step <= len(tool_rates) else math.nan,
+                    tool_rate=tool_rates[call]
+                    if (call := (step - 1) // cfg.steps_per_generation) < len(tool_rates)
+                    else math.nan,
                 )
             )
     if cfg.output_dir:
@@ -261,7 +262,11 @@ def train(cfg: TrainConfig, command: str | None = None) -> list[StepRow]:
             "config": asdict(cfg),
             "heldout_before": evaluations.get("before"),
             "heldout_after": evaluations.get("after"),
-            "steps": [asdict(r) for r in rows],
+            # one row per rollout call (a generate-then-update round, as train_grpo.py's iterations)
+            "steps": [
+                {**asdict(r), "step": (r.step - 1) // cfg.steps_per_generation + 1, "optimizer_step": r.step}
+                for r in rows
+            ],
             "wall_seconds": time.perf_counter() - started,
             "cpu_seconds": time.process_time() - cpu_started,
             "torch_threads": torch.get_num_threads(),

@@ -36,20 +36,24 @@ def trl_script():
     sys.modules.pop("train_trl", None)
 
 
-def test_shuffle_control_permutes_advantages_within_each_group_only(grpo):
+def test_shuffle_control_permutes_advantages_within_each_group_only():
     from datasets import Dataset
 
+    from hf_rollouts.training import shuffle_advantages
+
     rows = Dataset.from_dict({"group_id": [0, 0, 0, 0, 1, 1, 1, 1], "advantage": [1.0, 2, 3, 4, 10, 20, 30, 40]})
-    out = [grpo.shuffle_within_groups(rows, seed) for seed in range(5)]
+    out = [shuffle_advantages(rows, seed) for seed in range(5)]
     for ds in out:
         adv = ds["advantage"]
         assert sorted(adv[:4]) == [1, 2, 3, 4] and sorted(adv[4:]) == [10, 20, 30, 40]
     assert any(ds["advantage"] != rows["advantage"] for ds in out)  # it does move them
-    assert grpo.shuffle_within_groups(rows, 3)["advantage"] == out[3]["advantage"]  # seeded
+    assert shuffle_advantages(rows, 3)["advantage"] == out[3]["advantage"]  # seeded
 
 
-def test_shuffled_reward_keeps_each_groups_rewards_and_breaks_the_link(trl_script):
-    reward = trl_script.shuffled_reward(num_generations=4, seed=0)
+def test_shuffled_reward_keeps_each_groups_rewards_and_breaks_the_link():
+    from hf_rollouts.integrations.trl import shuffled_env_reward
+
+    reward = shuffled_env_reward(num_generations=4, seed=0)
     finals = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0] * 4
     statuses = ["done"] * 32
     runs = [reward([None] * 32, [None] * 32, env_final_reward=finals, env_status=statuses) for _ in range(3)]
@@ -103,13 +107,15 @@ def test_train_grpo_on_a_real_model_path_writes_the_held_out_summary(grpo, tmp_p
 def test_train_trl_on_a_real_model_path_writes_the_held_out_summary(trl_script, tmp_path):
     out = tmp_path / "trl"
     argv = [
-        *("--env", "arithmetic", "--max-steps", "2", "--tasks-per-step", "2", "--num-generations", "4"),
+        *("--env", "arithmetic", "--max-steps", "4", "--steps-per-generation", "2"),
+        *("--tasks-per-step", "2", "--num-generations", "4"),
         *("--eval-tasks", "6", "--max-new-tokens", "3", "--trainable-layers", "1", "--control", "shuffle"),
         *("--quiet", "--output-dir", str(out)),
     ]
     rows = trl_script.train(trl_script.parse_args(argv), command="python scripts/train_trl.py")
     summary = json.loads((out / "summary.json").read_text())
-    assert len(rows) == 2 and [r["step"] for r in summary["steps"]] == [1, 2]
+    assert len(rows) == 2 and [r["step"] for r in summary["steps"]] == [1, 2]  # rounds: a rollout call each
+    assert [r["optimizer_step"] for r in summary["steps"]] == [1, 3]  # two optimizer steps per round
     assert summary["heldout_before"]["episodes"] == summary["heldout_after"]["episodes"] == 6
     assert summary["config"]["trainable_layers"] == 1 and summary["cpu_seconds"] > 0
 
