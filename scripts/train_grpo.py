@@ -141,6 +141,10 @@ class TrainConfig:
     trainable_layers: int = field(
         default=0, metadata={"help": "Train only the top N decoder layers and the final norm (0: every parameter)."}
     )
+    share_prefix: bool = field(
+        default=False,
+        metadata={"help": "Run the tokens every row of a minibatch begins with once (token_logprobs' share_prefix)."},
+    )
     plot: str | None = field(
         default=None, metadata={"help": "PNG path (default OUTPUT_DIR/learning_curve.png); 'none' to skip."}
     )
@@ -332,6 +336,7 @@ def _train(cfg: TrainConfig, command: str | None) -> list[IterationStats]:
                         batch["attention_mask"],
                         cfg.temperature,
                         loss_mask=batch["loss_mask"],
+                        share_prefix=cfg.share_prefix,
                     )
                     loss, metrics = grpo_loss(
                         logprobs, batch["old_logprobs"], batch["advantages"], batch["loss_mask"], clip_eps=cfg.clip_eps

@@ -346,7 +346,9 @@ def sft_steps(
     while len(losses) < steps:
         for batch in loader:
             mask = batch["loss_mask"]
-            logprobs = token_logprobs(model, batch["input_ids"], batch["attention_mask"], 1.0, loss_mask=mask)
+            logprobs = token_logprobs(
+                model, batch["input_ids"], batch["attention_mask"], 1.0, loss_mask=mask, share_prefix=True
+            )
             loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable(model), cfg.max_grad_norm)
@@ -382,7 +384,12 @@ def grpo_iteration(model, optimizer, collator, rollouts, saved: Path, cfg: ToolT
     model.train()
     for batch in loader:
         logprobs = token_logprobs(
-            model, batch["input_ids"], batch["attention_mask"], cfg.temperature, loss_mask=batch["loss_mask"]
+            model,
+            batch["input_ids"],
+            batch["attention_mask"],
+            cfg.temperature,
+            loss_mask=batch["loss_mask"],
+            share_prefix=True,  # the system prompt and the tool list: one pass for the batch
         )
         loss, metrics = grpo_loss(
             logprobs, batch["old_logprobs"], batch["advantages"], batch["loss_mask"], clip_eps=cfg.clip_eps

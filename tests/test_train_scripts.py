@@ -91,7 +91,8 @@ def test_train_grpo_on_a_real_model_path_writes_the_held_out_summary(grpo, tmp_p
     argv = [
         *("--env", "arithmetic", "--iterations", "2", "--tasks-per-iter", "2", "--num-rollouts", "4"),
         *("--eval-tasks", "6", "--eval-every", "1", "--max-new-tokens", "3", "--trainable-layers", "1"),
-        *("--control", "shuffle", "--keep-constant-groups", "--quiet", "--output-dir", str(out), "--plot", "none"),
+        *("--control", "shuffle", "--keep-constant-groups", "--share-prefix", "--quiet"),
+        *("--output-dir", str(out), "--plot", "none"),
     ]
     cfg = grpo.parse_args(argv)
     history = grpo.train(cfg, command="python scripts/train_grpo.py " + " ".join(argv))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from .convention import check_logprob_convention
@@ -15,6 +17,7 @@ def token_logprobs(
     *,
     convention: dict | None = None,
     loss_mask: torch.Tensor | None = None,
+    share_prefix: bool = False,
 ) -> torch.Tensor:
     """Per-position log-probabilities of the tokens in ``input_ids`` under ``model``.
 
@@ -34,6 +37,12 @@ def token_logprobs(
     transformers' causal LMs take); positions before hold 0. With a long prompt and a short answer this skips most
     of the head's ``[tokens, vocabulary]`` product and its backward (49,152 columns for SmolLM2). The values at the
     scored positions are the same as without it.
+
+    ``share_prefix=True`` (with ``loss_mask``): the tokens every row begins with (a system prompt, a tool list, a
+    GRPO group's question), up to the first loss token, run through the model once, and their key/value cache is
+    repeated over the batch for the rest of each row; gradients flow back through it to that one pass. The values
+    and gradients are those of the full pass up to float rounding (tested); the work on the shared part is one row's
+    instead of the batch's. Needs a model that takes ``past_key_values`` (transformers' causal LMs).
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}.")
@@ -48,8 +57,24 @@ def token_logprobs(
     if start >= width:  # nothing to score
         return torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     kwargs = {} if loss_mask is None else {"logits_to_keep": width - start + 1}
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits[:, -(width - start + 1) : -1]
-    logits = logits.float()
+    shared = common_prefix_length(input_ids, attention_mask) if share_prefix and loss_mask is not None else 0
+    shared = min(shared, start - 1)  # every scored position's logits come from the pass over the rest
+    if shared > 0 and input_ids.shape[0] > 1:
+        prefix = model(
+            input_ids=input_ids[:1, :shared],
+            attention_mask=None if attention_mask is None else attention_mask[:1, :shared],
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        keyword = _cache_keyword(model)
+        cache = getattr(prefix, keyword)
+        cache.batch_repeat_interleave(input_ids.shape[0])
+        output = model(
+            input_ids=input_ids[:, shared:], attention_mask=attention_mask, use_cache=True, **{keyword: cache}, **kwargs
+        )
+    else:
+        output = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    logits = output.logits[:, -(width - start + 1) : -1].float()
     if temperature > 0:
         logits = logits / temperature
     targets = input_ids[:, start:].unsqueeze(-1)
@@ -58,6 +83,22 @@ def token_logprobs(
     if attention_mask is not None:
         out = torch.where(attention_mask.bool(), out, torch.zeros_like(out))
     return out
+
+
+def _cache_keyword(model: torch.nn.Module) -> str:
+    """``cache`` where transformers renamed ``past_key_values`` (5.2x, which warns on the old name), else the old
+    name; the same word names the cache in the model's output."""
+    forward = type(getattr(model, "module", model)).forward  # through a DistributedDataParallel wrapper
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def common_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> int:
+    """How many leading positions hold the same token, attended, in every row."""
+    same = (input_ids == input_ids[:1]).all(dim=0)
+    if attention_mask is not None:
+        same &= attention_mask.bool().all(dim=0)
+    differ = (~same).nonzero()
+    return int(differ[0]) if len(differ) else input_ids.shape[1]
 
 
 def grpo_loss(
