@@ -160,6 +160,10 @@ class ToolTrainConfig:
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (also for log-probs)."})
     eval_tasks: int = field(default=64, metadata={"help": "Held-out eval tasks played before and after."})
     eval_rollouts: int = field(default=2, metadata={"help": "Rollouts per eval task."})
+    eval_base: bool = field(
+        default=True,
+        metadata={"help": "Also evaluate the model as loaded, before SFT (--no-eval-base: skip it, it is NaN)."},
+    )
     sft_only: bool = field(
         default=False,
         metadata={"help": "Control: replace GRPO by as many more SFT updates on the demonstrations (no reward)."},
@@ -484,7 +488,7 @@ def _train(cfg: ToolTrainConfig, command: str | None) -> ToolTrainResult:
 
     seconds: dict[str, float] = {}
     t = time.perf_counter()
-    eval_before = evaluate("eval_before")
+    eval_before = evaluate("eval_before") if cfg.eval_base else Point("eval_before", 0, *[math.nan] * 4, 0, 0, 0.0)
 
     # 1. demonstrations, through the pipeline, saved and loaded back as training data
     demonstrator = Demonstrator(tokenizer, cfg.demo_tool_rate, max_answer=max_answer(cfg, env), call=call)
@@ -566,7 +570,7 @@ def summary(result: ToolTrainResult, cfg: ToolTrainConfig, command: str | None, 
             "success": p.success,
             "low": p.low,
             "high": p.high,
-            "successes": round(p.success * (p.episodes - p.errors)),
+            "successes": None if math.isnan(p.success) else round(p.success * (p.episodes - p.errors)),
             "episodes": p.episodes,
             "errors": p.errors,
             "tool_rate": p.tool_rate,

@@ -215,7 +215,9 @@ def train(cfg: TrainConfig, command: str | None = None) -> list[StepRow]:
             agent = TransformersAgent(
                 model, tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed
             )
-            seed = derive_seed("train_trl_eval", cfg.seed)  # the same rows and seeds before and after
+            # the same rows and sampling seeds before and after, and as scripts/train_grpo.py's evaluations: both
+            # scripts' evaluations of one model are the same episodes
+            seed = derive_seed("train_grpo_eval", cfg.seed)
             result = evaluate_agent(eval_tasks, agent, cfg.eval_rollouts, seed=seed, cache_dir=scratch / tag)
             evaluations[tag] = result.as_dict()
             if not cfg.quiet:

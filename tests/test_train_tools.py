@@ -123,6 +123,7 @@ def test_calculator_demonstrations_call_with_the_question_and_a_smoke_run_writes
         minibatch_size=8,
         eval_tasks=6,
         eval_rollouts=1,
+        eval_base=False,
         max_new_tokens=8,
         control="shuffle",
         trainable_layers=1,
@@ -135,6 +136,7 @@ def test_calculator_demonstrations_call_with_the_question_and_a_smoke_run_writes
     assert [p.phase for p in r.grpo] == ["control", "control"]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["command"].endswith("calculator") and summary["heldout_after"]["episodes"] == 6
+    assert math.isnan(summary["heldout_base"]["success"]) and summary["heldout_base"]["successes"] is None  # skipped
     assert summary["heldout_before"]["low"] <= summary["heldout_before"]["success"] <= summary["heldout_before"]["high"]
     assert [s["step"] for s in summary["steps"]] == [1, 2] and summary["cpu_seconds"] > 0
     with pytest.raises(ValueError, match="--env must be one of"):
