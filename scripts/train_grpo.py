@@ -48,7 +48,8 @@ layers (and the final norm), which makes a CPU update of SmolLM2 about twice as 
         --tasks-per-iter 8 --num-rollouts 8 --lr 2e-5 --temperature 0.7 --max-new-tokens 12 --trainable-layers 10
 
 Besides ``metrics.json`` (one row per iteration) it writes ``summary.json``: the command, the held-out
-evaluations, wall and CPU time of the process.
+evaluations, wall and CPU time of the process. ``--iterations 0`` only evaluates: a base rate of any model on any
+env.
 
 ``train(TrainConfig(...))`` is importable and returns the per-iteration stats.
 """
@@ -265,7 +266,7 @@ def _train(cfg: TrainConfig, command: str | None) -> list[IterationStats]:
     train_model, optimizer = accelerator.prepare(model, optimizer)
     toy = {"low": cfg.low, "high": cfg.high, "max_turns": cfg.max_turns} if cfg.env == "guess_number" else {}
     env = build_env(tokenizer, cfg.env, cfg.env_config, toy)
-    all_tasks = env.get_train_dataset(cfg.tasks_per_iter * cfg.iterations)
+    all_tasks = env.get_train_dataset(cfg.tasks_per_iter * cfg.iterations) if cfg.iterations else None
     eval_tasks = env.get_eval_dataset(cfg.eval_tasks) if cfg.eval_tasks else None
     collator = RolloutCollator(tokenizer.pad_token_id, advantage=cfg.advantage)
 
@@ -407,7 +408,7 @@ def _train(cfg: TrainConfig, command: str | None) -> list[IterationStats]:
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         plot = cfg.plot if cfg.plot is not None else str(out / "learning_curve.png")
-        if plot.lower() != "none":
+        if plot.lower() != "none" and history:
             save_plot(history, Path(plot), cfg, base)
     return history
 
@@ -498,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     history = train(parse_args(argv), command=shlex.join(["python", "scripts/train_grpo.py", *argv]))
+    if not history:  # --iterations 0: the held-out evaluation alone (a base rate)
+        return 0
     first, last = history[0], history[-1]
     if PartialState().is_main_process:
         print(

@@ -103,6 +103,13 @@ def test_train_grpo_on_a_real_model_path_writes_the_held_out_summary(grpo, tmp_p
     assert [p["iteration"] for p in summary["heldout_curve"]] == [0, 1] and after == history[-1].heldout
     assert summary["cpu_seconds"] > 0 and summary["wall_seconds"] > 0
     assert len(json.loads((out / "metrics.json").read_text())) == 2
+    # --iterations 0: the held-out evaluation alone, a base rate
+    only = grpo.parse_args(
+        [*argv[:2], "--iterations", "0", "--eval-tasks", "6", "--output-dir", str(tmp_path / "base")]
+    )
+    assert grpo.train(only) == []
+    base = json.loads((tmp_path / "base" / "summary.json").read_text())
+    assert base["heldout_before"] == base["heldout_after"] and base["heldout_before"]["episodes"] == 6
 
 
 def test_train_trl_on_a_real_model_path_writes_the_held_out_summary(trl_script, tmp_path):
