@@ -78,13 +78,13 @@ def plot(runs: list[dict], path: Path, title: str) -> bool:
                 label=r["label"] if x == 0 else None,
             )
     curve.set_ylabel("training reward")
-    curve.set_xlabel("update (iteration / optimizer step)")
+    curve.set_xlabel("round (a batch of rollouts from the current policy, then its updates)")
     curve.set_ylim(-0.02, 1.02)
     curve.legend(fontsize=8, loc="best")
     curve.set_title(title, fontsize=9)
     if tools:
         axes[1].set_ylabel("tool-call rate")
-        axes[1].set_xlabel("update")
+        axes[1].set_xlabel("round")
         axes[1].set_ylim(-0.02, 1.02)
     heldout.set_xticks([0, 1], ["before training", "after training"])
     heldout.set_xlim(-0.5, 1.5)

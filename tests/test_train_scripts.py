@@ -178,3 +178,27 @@ def test_tool_output_is_never_in_the_loss_of_a_calculator_rollout(tiny, tmp_path
     scored_tool = torch.zeros_like(tool, dtype=torch.bool)
     scored_tool[:, :-1] = tool[:, 1:].bool()
     assert (grad[scored_tool] == 0).all() and (grad != 0).any()
+
+
+def test_learning_report_combines_runs_into_one_json_and_figure(tmp_path):
+    report = _script("learning_report")
+    point = lambda p: {"success": p, "low": p - 0.1, "high": p + 0.1, "episodes": 10, "tool_rate": 0.0}  # noqa: E731
+    for name, after in (("run", 0.9), ("control", 0.2)):
+        (tmp_path / name).mkdir()
+        summary = {
+            "command": f"python x.py --{name}",
+            "heldout_before": point(0.3),
+            "heldout_after": point(after),
+            "steps": [{"step": 1, "reward": 0.3, "tool_rate": 0.5}, {"step": 2, "reward": after, "tool_rate": 0.6}],
+            "wall_seconds": 10.4,
+            "cpu_seconds": 5.2,
+        }
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+    out = tmp_path / "docs" / "fig"
+    runs = ["--run", f"GRPO={tmp_path / 'run'}", "--run", f"control={tmp_path / 'control'}"]
+    assert report.main([*runs, "--out", str(out), "--title", "t"]) == 0
+    saved = json.loads(out.with_suffix(".json").read_text())
+    assert [r["label"] for r in saved["runs"]] == ["GRPO", "control"]
+    assert saved["runs"][0]["change"] == pytest.approx(0.6) and saved["runs"][1]["after"]["success"] == 0.2
+    assert saved["runs"][0]["command"] == "python x.py --run" and saved["runs"][0]["cpu_seconds"] == 5
+    assert out.with_suffix(".png").is_file() == (importlib.util.find_spec("matplotlib") is not None)
