@@ -462,7 +462,8 @@ def _train(cfg: ToolTrainConfig, command: str | None) -> ToolTrainResult:
         name=f"{model.config._name_or_path}-tools",
     )
     env = get_env_class(cfg.env)(tokenizer, env_config(cfg))
-    train_tasks = env.get_train_dataset()  # the RL phase cycles through the tasks the demonstrations left
+    # the RL phase cycles through the tasks the demonstrations left
+    train_tasks = env.get_train_dataset(cfg.demo_tasks + max(1, cfg.iterations) * cfg.tasks_per_iter)
     eval_tasks = env.get_eval_dataset(cfg.eval_tasks)
     demo_tasks = train_tasks.select(range(cfg.demo_tasks))
     rl_tasks = train_tasks.select(range(cfg.demo_tasks, len(train_tasks))) if cfg.iterations else None

@@ -29,6 +29,9 @@ from ..tool_env import ToolEnv, ToolEnvConfig
 PHRASINGS = ("What is {a} {op} {b}?", "Calculate {a} {op} {b}.", "{a} {op} {b} = ?", "Compute {a} {op} {b}.")
 """The default phrasings of a question (``{a}``, ``{op}``, ``{b}`` are filled in)."""
 
+MAX_FACTS = 20_000
+"""With more facts than this (three-digit operands: 810,000 sums), the splits share a seeded sample of this many."""
+
 OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 _INT = re.compile(r"-?\d+")
 _EXPRESSION = re.compile(r"^\s*(-?\d+)\s*([-+*])\s*(-?\d+)\s*$")
@@ -101,8 +104,8 @@ class _Facts:
         c = self.config
         values = range(c.min_operand, c.max_operand + 1)
         facts = [(a, op, b) for op in c.operators for a, b in itertools.product(values, values) if op != "-" or a >= b]
-        if len(facts) > 200_000:  # big operand ranges: a seeded sample of the facts, not all of them
-            facts = self._rng("sample").sample(facts, 200_000)
+        if len(facts) > MAX_FACTS:  # big operand ranges: a seeded sample of the facts, not all of them
+            facts = self._rng("sample").sample(facts, MAX_FACTS)
         self._rng("facts").shuffle(facts)
         half = len(facts) // 2
         facts = facts[:half] if split == "train" else facts[half:]
