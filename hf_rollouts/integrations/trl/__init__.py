@@ -73,7 +73,15 @@ from __future__ import annotations
 
 from .agents import TrainerPolicyAgent, TRLSampling, VLLMServerAgent, generation_mode, stop_token_ids
 from .dataset import PROMPT_KEY, task_from_prompt, to_trl_dataset
-from .rollout import EXTRA_FIELDS, RolloutFunc, TRLRolloutOptions, env_reward, episode_to_trl_row, make_rollout_func
+from .rollout import (
+    EXTRA_FIELDS,
+    RolloutFunc,
+    TRLRolloutOptions,
+    env_reward,
+    episode_to_trl_row,
+    make_rollout_func,
+    shuffled_env_reward,
+)
 
 __all__ = [
     "EXTRA_FIELDS",
@@ -87,6 +95,7 @@ __all__ = [
     "episode_to_trl_row",
     "generation_mode",
     "make_rollout_func",
+    "shuffled_env_reward",
     "stop_token_ids",
     "task_from_prompt",
     "to_trl_dataset",

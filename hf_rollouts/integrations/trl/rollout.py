@@ -198,3 +198,24 @@ def env_reward(
         None if status == "error" or not math.isfinite(reward) else float(reward)
         for reward, status in zip(env_final_reward, env_status)
     ]
+
+
+def shuffled_env_reward(num_generations: int, seed: int):
+    """A reward function for a control run: :func:`env_reward`, then each group's rewards shuffled among its
+    rollouts (``random.Random(seed)``). GRPOTrainer puts a prompt's ``num_generations`` completions next to each other
+    (per process), so each block of that many is a group: its mean and spread stay, the link between a completion and
+    its reward goes, and the updates no longer follow the reward. TRL logs the shuffled rewards, whose group means are
+    the real ones."""
+    import random
+
+    rng = random.Random(seed)
+
+    def shuffled_env_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+        rewards = env_reward(prompts, completions, **kwargs)
+        for start in range(0, len(rewards), num_generations):
+            group = rewards[start : start + num_generations]
+            rng.shuffle(group)
+            rewards[start : start + num_generations] = group
+        return rewards
+
+    return shuffled_env_reward
