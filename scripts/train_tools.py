@@ -36,6 +36,18 @@ the tool. The script runs end to end (also ``--trl``), but it does not show the 
     python scripts/train_tools.py --sft-only         # control: imitation for as many updates, no reward
     python scripts/train_tools.py --trl              # phase 3 with TRL's GRPOTrainer
 
+**SmolLM2 on the calculator** (README "Training a real model"): ``--model smollm2-tools --env calculator``. SmolLM2-135M
+never writes a tool call unprompted (0-3% of episodes with the tools listed, even with an example in the prompt), so
+the same warm start comes first: a few SFT steps on demonstrations that call the calculator half of the time, after
+which it calls the tool in some episodes and copies the numbers; then GRPO with the env's reward. ``--control shuffle``
+is the control (the same GRPO updates, each group's advantages shuffled among its rollouts); ``--trainable-layers``
+trains only the top decoder layers; the held-out evaluations carry 95% Wilson intervals and ``summary.json`` records
+the command, the evaluations (``heldout_base``: the model as loaded, ``heldout_before``: after SFT, where RL starts,
+``heldout_after``), the per-iteration curve, wall and CPU time.
+
+Demonstrations are written in the Hermes format (``<tool_call>`` JSON), which the tiny model and ``smollm2-tools``
+use; ``--env`` is ``hidden_function`` or ``calculator`` (:data:`DEMO_CALLS`).
+
 ``train(ToolTrainConfig(...))`` is importable and returns a :class:`ToolTrainResult`.
 """
 
@@ -62,15 +74,51 @@ from transformers import HfArgumentParser
 
 from hf_rollouts.agents.base import Agent
 from hf_rollouts.agents.hf import TransformersAgent
-from hf_rollouts.envs.hidden_function import HiddenFunctionEnv
+from hf_rollouts.agents.loading import load_agent
+from hf_rollouts.envs import get_env_class
+from hf_rollouts.evaluation import wilson_interval
 from hf_rollouts.pipeline import generate_rollouts
 from hf_rollouts.publish import save_rollouts
 from hf_rollouts.seeding import derive_seed
-from hf_rollouts.tiny_model import build_tiny_model
-from hf_rollouts.training import RolloutCollator, grpo_loss, model_device, prepare_rollouts, token_logprobs
+from hf_rollouts.training import (
+    RolloutCollator,
+    grpo_loss,
+    model_device,
+    prepare_rollouts,
+    shuffle_advantages,
+    token_logprobs,
+    train_top_layers,
+)
 from hf_rollouts.types import Action, AgentRequest
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+@dataclass(frozen=True)
+class DemoCall:
+    """How the demonstrator calls an env's tool and how a call is judged: the tool's ``name``, a ``pattern`` that finds
+    what the question asks in its text, ``arguments`` built from that match, and ``right`` (a call's arguments, the
+    task's data) -> whether the call asked for the task's own question."""
+
+    name: str
+    pattern: re.Pattern
+    arguments: Any
+    right: Any
+
+
+def _same_expression(args: dict, task: dict) -> bool:
+    return str(args.get("expression", "")).replace(" ", "") == f"{task['a']}{task['op']}{task['b']}"
+
+
+DEMO_CALLS = {
+    "hidden_function": DemoCall(
+        "hidden_f", re.compile(r"f\((-?\d+)\)"), lambda m: {"x": int(m.group(1))}, lambda a, t: a.get("x") == t["x"]
+    ),
+    "calculator": DemoCall(
+        "calculator", re.compile(r"-?\d+ [-+*] -?\d+"), lambda m: {"expression": m.group(0)}, _same_expression
+    ),
+}
+"""The envs this script can demonstrate, by ``--env`` name."""
 
 
 @dataclass
@@ -79,6 +127,19 @@ class ToolTrainConfig:
 
     seed: int = field(default=0, metadata={"help": "Seeds the model init, demonstrations, sampling and batches."})
     output_dir: str = field(default="outputs/train_tools", metadata={"help": "metrics.json and the plot go here."})
+    model: str = field(
+        default="tiny",
+        metadata={
+            "help": "'tiny' (random init), 'smollm2-tools' or a model id/path with a Hermes-style tool template."
+        },
+    )
+    env: str = field(default="hidden_function", metadata={"help": f"One of {sorted(DEMO_CALLS)}."})
+    env_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "The env's env_config as JSON (default for hidden_function: --max-coef, --max-x, --max-turns)."
+        },
+    )
     max_coef: int = field(default=9, metadata={"help": "hidden_function max_coef (a, b in 1..max_coef)."})
     max_x: int = field(default=9, metadata={"help": "hidden_function max_x (x in 1..max_x)."})
     max_turns: int = field(default=2, metadata={"help": "hidden_function max_turns (tool turns count)."})
@@ -101,9 +162,20 @@ class ToolTrainConfig:
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (also for log-probs)."})
     eval_tasks: int = field(default=64, metadata={"help": "Held-out eval tasks played before and after."})
     eval_rollouts: int = field(default=2, metadata={"help": "Rollouts per eval task."})
+    eval_base: bool = field(
+        default=True,
+        metadata={"help": "Also evaluate the model as loaded, before SFT (--no-eval-base: skip it, it is NaN)."},
+    )
     sft_only: bool = field(
         default=False,
         metadata={"help": "Control: replace GRPO by as many more SFT updates on the demonstrations (no reward)."},
+    )
+    control: str = field(
+        default="none",
+        metadata={"help": "'shuffle': the control run, each group's advantages (TRL: rewards) shuffled in the group."},
+    )
+    trainable_layers: int = field(
+        default=0, metadata={"help": "Train only the top N decoder layers and the final norm (0: every parameter)."}
     )
     trl: bool = field(default=False, metadata={"help": "Run the GRPO phase with TRL's GRPOTrainer."})
     plot: str | None = field(
@@ -116,19 +188,22 @@ class ToolTrainConfig:
 class Point:
     """Success on one batch of episodes: ``success`` = reward 1 (won), ``tool_rate`` = share of episodes with at
     least one tool call (both over non-error episodes), ``ok_calls`` = share of calls that ran (status ``ok``; the
-    rest were malformed, named no tool or had bad arguments), ``right_x`` = share of the calls that ran which asked
-    for the task's own ``x`` (NaN without calls)."""
+    rest were malformed, named no tool or had bad arguments), ``right_args`` = share of the calls that ran which asked
+    for the task's own question (``x``, or the expression; NaN without calls); ``[low, high]``: the 95% Wilson
+    interval of ``success``."""
 
     phase: str
     step: int
     success: float
     tool_rate: float
     ok_calls: float
-    right_x: float
+    right_args: float
     episodes: int
     errors: int
     seconds: float
     loss: float = math.nan
+    low: float = math.nan
+    high: float = math.nan
 
 
 @dataclass
@@ -145,18 +220,19 @@ class ToolTrainResult:
 
 # --------------------------------------------------------------------------- the demonstrator
 
-_ASKED = re.compile(r"f\((-?\d+)\)")
-
 
 class Demonstrator(Agent):
-    """A scripted token-level behaviour policy for hidden_function (see the module docstring).
+    """A scripted token-level behaviour policy (see the module docstring): on its first turn it calls the env's tool
+    (:class:`DemoCall`, default hidden_function's) with probability ``tool_rate``, else guesses a number in
+    ``1..max_answer``; after a tool result it answers with it.
 
     Its coin is drawn from ``random.Random(request.seed)``, so a seeded run gives the same demonstrations.
     Its token ids are the tokenizer's encoding of the text plus the end token: what the model is taught to write.
     """
 
-    def __init__(self, tokenizer: Any, tool_rate: float, max_answer: int) -> None:
+    def __init__(self, tokenizer: Any, tool_rate: float, max_answer: int, call: DemoCall | None = None) -> None:
         self.tokenizer, self.tool_rate, self.max_answer = tokenizer, tool_rate, max_answer
+        self.call = call or DEMO_CALLS["hidden_function"]
 
     def get_action(self, messages, agent_state=None):  # pragma: no cover - act() is the entry point
         raise NotImplementedError
@@ -167,45 +243,54 @@ class Demonstrator(Agent):
         if last["role"] == "tool":
             text = str(last["content"]).strip()
         elif request.agent_state is None and rng.random() < self.tool_rate:
-            x = _ASKED.search(str(request.messages[-1]["content"])).group(1)
-            text = f'<tool_call>\n{{"name": "hidden_f", "arguments": {{"x": {x}}}}}\n</tool_call>'
+            asked = self.call.pattern.search(str(request.messages[-1]["content"]))
+            call = {"name": self.call.name, "arguments": self.call.arguments(asked)}
+            text = f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
         else:
             text = str(rng.randint(1, self.max_answer))
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
         return Action(text, ids, None, True), (request.agent_state or 0) + 1
 
     def fingerprint(self) -> dict[str, Any]:
-        return {**self._identity(), "tool_rate": self.tool_rate, "max_answer": self.max_answer}
+        return {**self._identity(), "tool_rate": self.tool_rate, "max_answer": self.max_answer, "tool": self.call.name}
 
 
 # --------------------------------------------------------------------------- measuring
 
 
-def measure(rollouts, phase: str, step: int, seconds: float, loss: float = math.nan) -> Point:
-    """A :class:`Point` from a rollout dataset (episodes with status ``error`` are counted, not scored)."""
+def measure(
+    rollouts, phase: str, step: int, seconds: float, loss: float = math.nan, call: DemoCall | None = None
+) -> Point:
+    """A :class:`Point` from a rollout dataset (episodes with status ``error`` are counted, not scored; they count
+    as failures in the interval); ``call`` judges the calls' arguments (default: hidden_function's)."""
+    call = call or DEMO_CALLS["hidden_function"]
     rewards = [r for row in rollouts["final_rewards"] for r in row]
     statuses = [s for row in rollouts["statuses"] for s in row]
     calls = [c for row in rollouts["num_tool_calls"] for c in row]
     records, asked = [], []
     for row, task in zip(rollouts["tool_calls"], rollouts["task_data"]):
         for rollout in row:
-            for call in rollout or []:
-                records.append(call)
-                if call["status"] == "ok":
-                    asked.append(json.loads(call["arguments"]).get("x") == task["x"])
+            for record in rollout or []:
+                records.append(record)
+                if record["status"] == "ok":
+                    asked.append(bool(call.right(json.loads(record["arguments"]), task)))
     ok = [r for r, s in zip(rewards, statuses) if s != "error"]
     n = max(1, len(ok))
+    wins = sum(1 for r in ok if r == 1.0)
+    low, high = wilson_interval(wins, len(statuses))
     return Point(
         phase=phase,
         step=step,
-        success=sum(1 for r in ok if r == 1.0) / n,
+        success=wins / n,
         tool_rate=sum(1 for c, s in zip(calls, statuses) if s != "error" and c > 0) / n,
         ok_calls=sum(1 for c in records if c["status"] == "ok") / len(records) if records else math.nan,
-        right_x=sum(asked) / len(asked) if asked else math.nan,
+        right_args=sum(asked) / len(asked) if asked else math.nan,
         episodes=len(statuses),
         errors=statuses.count("error"),
         seconds=seconds,
         loss=loss,
+        low=low,
+        high=high,
     )
 
 
@@ -240,8 +325,12 @@ def sft_collate(rows: list[dict[str, Any]], pad_token_id: int) -> dict[str, torc
     return out
 
 
+def trainable(model) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def sft_optimizer(model, cfg: ToolTrainConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
+    return torch.optim.AdamW(trainable(model), lr=cfg.sft_lr, weight_decay=0.0)
 
 
 def sft_steps(
@@ -264,11 +353,13 @@ def sft_steps(
     while len(losses) < steps:
         for batch in loader:
             batch = send_to_device(batch, device)  # the model may be on CUDA (where the agent put it)
-            logprobs = token_logprobs(model, batch["input_ids"], batch["attention_mask"], 1.0)
             mask = batch["loss_mask"]
+            logprobs = token_logprobs(
+                model, batch["input_ids"], batch["attention_mask"], 1.0, loss_mask=mask, share_prefix=True
+            )
             loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(trainable(model), cfg.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad()
             losses.append(float(loss.detach()))
@@ -282,13 +373,16 @@ def sft_steps(
 
 
 def grpo_iteration(model, optimizer, collator, rollouts, saved: Path, cfg: ToolTrainConfig, seed: int) -> float:
-    """Save, load back through prepare_rollouts (GRPO advantages, constant groups dropped), one pass of updates."""
+    """Save, load back through prepare_rollouts (GRPO advantages, constant groups dropped), one pass of updates
+    (with ``--control shuffle``, each group's advantages shuffled among its rollouts first)."""
     save_rollouts(rollouts, saved, overwrite=True)
-    prepared = prepare_rollouts(saved, flatten=True, advantage="grpo", drop_constant_groups=True)
-    if not len(prepared.dataset):
+    dataset = prepare_rollouts(saved, flatten=True, advantage="grpo", drop_constant_groups=True).dataset
+    if not len(dataset):
         return math.nan
+    if cfg.control == "shuffle":
+        dataset = shuffle_advantages(dataset, derive_seed("train_tools_control", seed))
     loader = DataLoader(
-        prepared.dataset,
+        dataset,
         batch_size=cfg.minibatch_size,
         shuffle=True,
         collate_fn=collator,
@@ -299,12 +393,19 @@ def grpo_iteration(model, optimizer, collator, rollouts, saved: Path, cfg: ToolT
     model.train()
     for batch in loader:
         batch = send_to_device(batch, device)
-        logprobs = token_logprobs(model, batch["input_ids"], batch["attention_mask"], cfg.temperature)
+        logprobs = token_logprobs(
+            model,
+            batch["input_ids"],
+            batch["attention_mask"],
+            cfg.temperature,
+            loss_mask=batch["loss_mask"],
+            share_prefix=True,  # the system prompt and the tool list: one pass for the batch
+        )
         loss, metrics = grpo_loss(
             logprobs, batch["old_logprobs"], batch["advantages"], batch["loss_mask"], clip_eps=cfg.clip_eps
         )
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(trainable(model), cfg.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(metrics["loss"])
@@ -316,29 +417,48 @@ def grpo_iteration(model, optimizer, collator, rollouts, saved: Path, cfg: ToolT
 
 
 def env_config(cfg: ToolTrainConfig) -> dict[str, Any]:
-    return {"max_coef": cfg.max_coef, "max_x": cfg.max_x, "max_turns": cfg.max_turns}
+    if cfg.env_config:
+        return json.loads(cfg.env_config)
+    if cfg.env == "hidden_function":
+        return {"max_coef": cfg.max_coef, "max_x": cfg.max_x, "max_turns": cfg.max_turns}
+    return {}
 
 
-def train(cfg: ToolTrainConfig) -> ToolTrainResult:
+def max_answer(cfg: ToolTrainConfig, env) -> int:
+    """The demonstrator's guesses are drawn from ``1..max_answer``: the range of the env's answers."""
+    if cfg.env == "calculator":
+        return 2 * env.config.max_operand
+    return env.config.max_coef * (env.config.max_x + 1)
+
+
+def train(cfg: ToolTrainConfig, command: str | None = None) -> ToolTrainResult:
     """Run the three phases of the module docstring; float32 denormals are flushed to zero meanwhile (the tiny
-    model hits them and runs 10-20x slower on x86 without it)."""
+    model hits them and runs 10-20x slower on x86 without it). ``command`` is recorded in ``summary.json``."""
+    if cfg.env not in DEMO_CALLS:
+        raise ValueError(f"--env must be one of {sorted(DEMO_CALLS)}, got {cfg.env!r}.")
+    if cfg.control not in ("none", "shuffle") or (cfg.control == "shuffle" and cfg.sft_only):
+        raise ValueError(f"--control must be 'none' or 'shuffle' (not with --sft-only), got {cfg.control!r}.")
     flushing = torch.set_flush_denormal(True)
     try:
-        return _train(cfg)
+        return _train(cfg, command)
     finally:
         if flushing:
             torch.set_flush_denormal(False)
 
 
-def _train(cfg: ToolTrainConfig) -> ToolTrainResult:
+def _train(cfg: ToolTrainConfig, command: str | None) -> ToolTrainResult:
     import datasets
 
     datasets.disable_progress_bars()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     out = Path(cfg.output_dir)
     scratch = out / "scratch"
     torch.manual_seed(cfg.seed)
-    model, tokenizer = build_tiny_model(seed=cfg.seed)
+    loaded = load_agent(cfg.model, model_seed=cfg.seed)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    if cfg.trainable_layers:
+        train_top_layers(model, cfg.trainable_layers)
+    call = DEMO_CALLS[cfg.env]
     agent = TransformersAgent(
         model,
         tokenizer,
@@ -347,8 +467,9 @@ def _train(cfg: ToolTrainConfig) -> ToolTrainResult:
         seed=cfg.seed,
         name=f"{model.config._name_or_path}-tools",
     )
-    env = HiddenFunctionEnv(tokenizer, env_config(cfg))
-    train_tasks = env.get_train_dataset()  # the RL phase cycles through the tasks the demonstrations left
+    env = get_env_class(cfg.env)(tokenizer, env_config(cfg))
+    # the RL phase cycles through the tasks the demonstrations left
+    train_tasks = env.get_train_dataset(cfg.demo_tasks + max(1, cfg.iterations) * cfg.tasks_per_iter)
     eval_tasks = env.get_eval_dataset(cfg.eval_tasks)
     demo_tasks = train_tasks.select(range(cfg.demo_tasks))
     rl_tasks = train_tasks.select(range(cfg.demo_tasks, len(train_tasks))) if cfg.iterations else None
@@ -367,19 +488,19 @@ def _train(cfg: ToolTrainConfig) -> ToolTrainResult:
     def evaluate(phase: str) -> Point:
         t = time.perf_counter()
         rollouts = play(eval_tasks, agent, cfg.eval_rollouts, derive_seed("train_tools_eval", cfg.seed), phase)
-        point = measure(rollouts, phase, 0, time.perf_counter() - t)
+        point = measure(rollouts, phase, 0, time.perf_counter() - t, call=call)
         if not cfg.quiet:
             print(f"eval ({phase}): {format_point(point)}", flush=True)
         return point
 
     seconds: dict[str, float] = {}
     t = time.perf_counter()
-    eval_before = evaluate("eval_before")
+    eval_before = evaluate("eval_before") if cfg.eval_base else Point("eval_before", 0, *[math.nan] * 4, 0, 0, 0.0)
 
     # 1. demonstrations, through the pipeline, saved and loaded back as training data
-    demonstrator = Demonstrator(tokenizer, cfg.demo_tool_rate, max_answer=cfg.max_coef * (cfg.max_x + 1))
+    demonstrator = Demonstrator(tokenizer, cfg.demo_tool_rate, max_answer=max_answer(cfg, env), call=call)
     demos = play(demo_tasks, demonstrator, cfg.demo_rollouts, derive_seed("train_tools_demos", cfg.seed), "demos")
-    demo_point = measure(demos, "demos", 0, 0.0)
+    demo_point = measure(demos, "demos", 0, 0.0, call=call)
     save_rollouts(demos, scratch / "demos_saved", overwrite=True)
     demo_data = prepare_rollouts(scratch / "demos_saved", flatten=True, drop_constant_groups=False).dataset
     if not cfg.quiet:
@@ -402,7 +523,7 @@ def _train(cfg: ToolTrainConfig) -> ToolTrainResult:
     if cfg.trl:
         grpo = run_trl(model, tokenizer, rl_tasks, cfg)
     else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        optimizer = torch.optim.AdamW(trainable(model), lr=cfg.lr, weight_decay=0.0)
         collator = RolloutCollator(tokenizer.pad_token_id, advantage="grpo")
         for it in range(cfg.iterations):
             t_it = time.perf_counter()
@@ -414,7 +535,8 @@ def _train(cfg: ToolTrainConfig) -> ToolTrainResult:
                 loss = sft_steps(model, demo_data, cfg, per_iter, tokenizer.pad_token_id, seed, sft_opt)[-1]
             else:
                 loss = grpo_iteration(model, optimizer, collator, rollouts, scratch / f"grpo{it:03d}_saved", cfg, seed)
-            point = measure(rollouts, "sft_only" if cfg.sft_only else "grpo", it, time.perf_counter() - t_it, loss)
+            phase = "sft_only" if cfg.sft_only else "control" if cfg.control == "shuffle" else "grpo"
+            point = measure(rollouts, phase, it, time.perf_counter() - t_it, loss, call=call)
             grpo.append(point)
             if not cfg.quiet:
                 if it == 0:
@@ -439,22 +561,54 @@ def _train(cfg: ToolTrainConfig) -> ToolTrainResult:
     (out / "metrics.json").write_text(
         json.dumps({"config": dataclasses.asdict(cfg), "result": dataclasses.asdict(result)}, indent=1)
     )
+    (out / "summary.json").write_text(json.dumps(summary(result, cfg, command, cpu_start), indent=1))
     plot = cfg.plot if cfg.plot is not None else str(out / "tool_learning.png")
     if plot.lower() != "none":
         save_plot([result], Path(plot), cfg)
     return result
 
 
+def summary(result: ToolTrainResult, cfg: ToolTrainConfig, command: str | None, cpu_start: float) -> dict:
+    """``summary.json``, in the shape ``scripts/learning_report.py`` reads (``heldout_before`` is after SFT: where
+    RL starts; ``heldout_base`` is the model as loaded)."""
+
+    def held(p: Point) -> dict:
+        return {
+            "success": p.success,
+            "low": p.low,
+            "high": p.high,
+            "successes": None if math.isnan(p.success) else round(p.success * (p.episodes - p.errors)),
+            "episodes": p.episodes,
+            "errors": p.errors,
+            "tool_rate": p.tool_rate,
+            "right_args": p.right_args,
+        }
+
+    return {
+        "command": command,
+        "config": dataclasses.asdict(cfg),
+        "heldout_base": held(result.eval_before),
+        "heldout_before": held(result.eval_after_sft),
+        "heldout_after": held(result.eval_after),
+        "steps": [{"step": p.step + 1, "reward": p.success, "tool_rate": p.tool_rate} for p in result.grpo],
+        "wall_seconds": result.seconds,
+        "cpu_seconds": time.process_time() - cpu_start,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
 # --------------------------------------------------------------------------- TRL
 
 
 def run_trl(model, tokenizer, tasks, cfg: ToolTrainConfig) -> list[Point]:
-    """The GRPO phase with TRL's ``GRPOTrainer`` (one optimizer step per iteration); one :class:`Point` per step
-    from TRL's logs (success = TRL's logged mean env reward, which is 1 exactly for a win here)."""
+    """The GRPO phase with TRL's ``GRPOTrainer``: one rollout call per iteration, its episodes split into minibatches
+    of ``minibatch_size`` (TRL's ``steps_per_generation``), as the script's own loop does; one :class:`Point` per
+    iteration from TRL's logs (success = TRL's logged mean env reward, which is 1 exactly for a win here).
+    ``--control shuffle`` scores with :func:`~hf_rollouts.integrations.trl.shuffled_env_reward`."""
     from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from hf_rollouts.integrations.trl import env_reward, make_rollout_func, to_trl_dataset
+    from hf_rollouts.integrations.trl import env_reward, make_rollout_func, shuffled_env_reward, to_trl_dataset
 
     rollout_func = make_rollout_func(max_new_tokens=cfg.max_new_tokens)
     tool_rates: list[float] = []
@@ -465,13 +619,18 @@ def run_trl(model, tokenizer, tasks, cfg: ToolTrainConfig) -> list[Point]:
         tool_rates.append(sum(1 for e in played if e.get("num_tool_calls", 0) > 0) / max(1, len(played)))
         return out
 
+    episodes = cfg.tasks_per_iter * cfg.num_rollouts
+    per_generation = max(1, episodes // cfg.minibatch_size)
+    if episodes % per_generation:
+        raise ValueError(f"--trl needs {episodes} episodes per iteration to split into minibatches of equal size.")
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="train_tools_trl_"),
-        max_steps=cfg.iterations,
+        max_steps=cfg.iterations * per_generation,
+        steps_per_generation=per_generation,
         learning_rate=cfg.lr,
         lr_scheduler_type="constant",
         num_generations=cfg.num_rollouts,
-        per_device_train_batch_size=cfg.tasks_per_iter * cfg.num_rollouts,
+        per_device_train_batch_size=episodes // per_generation,
         temperature=cfg.temperature,
         seed=cfg.seed,
         logging_steps=1,
@@ -490,7 +649,7 @@ def run_trl(model, tokenizer, tasks, cfg: ToolTrainConfig) -> list[Point]:
         processing_class=tokenizer,
         args=args,
         train_dataset=to_trl_dataset(tasks),
-        reward_funcs=[env_reward],
+        reward_funcs=[shuffled_env_reward(cfg.num_rollouts, cfg.seed) if cfg.control == "shuffle" else env_reward],
         rollout_func=rollout,
     )
     trainer.remove_callback(PrinterCallback)
@@ -498,8 +657,8 @@ def run_trl(model, tokenizer, tasks, cfg: ToolTrainConfig) -> list[Point]:
     model.eval()
     points = []
     for h in trainer.state.log_history:
-        if "reward" in h:
-            step = int(h["step"]) - 1
+        if "reward" in h:  # logged on the steps that generated: one per iteration
+            step = (int(h["step"]) - 1) // per_generation
             rate = tool_rates[step] if step < len(tool_rates) else math.nan
             p = Point("trl", step, h["reward"], rate, math.nan, math.nan, 0, 0, math.nan, h.get("loss", math.nan))
             points.append(p)
@@ -511,7 +670,7 @@ def run_trl(model, tokenizer, tasks, cfg: ToolTrainConfig) -> list[Point]:
 # --------------------------------------------------------------------------- output
 
 TABLE_HEADER = (
-    f"{'iter':>4} | {'success':>7} | {'tool use':>8} | {'calls ok':>8} | {'right x':>7} | {'loss':>8} | {'sec':>5}"
+    f"{'iter':>4} | {'success':>7} | {'tool use':>8} | {'calls ok':>8} | {'right a':>7} | {'loss':>8} | {'sec':>5}"
 )
 
 
@@ -522,15 +681,16 @@ def _num(x: float, width: int, digits: int) -> str:
 def format_row(p: Point) -> str:
     return (
         f"{p.step:>4} | {_num(p.success, 7, 3)} | {_num(p.tool_rate, 8, 3)} | {_num(p.ok_calls, 8, 3)} | "
-        f"{_num(p.right_x, 7, 3)} | "
+        f"{_num(p.right_args, 7, 3)} | "
         f"{_num(p.loss, 8, 4)} | {_num(p.seconds, 5, 1)}"
     )
 
 
 def format_point(p: Point) -> str:
     return (
-        f"success {p.success:.3f}, tool use {p.tool_rate:.3f}, calls ok {_num(p.ok_calls, 0, 3)}, "
-        f"right x {_num(p.right_x, 0, 3)} "
+        f"success {p.success:.3f} [{_num(p.low, 0, 3)}, {_num(p.high, 0, 3)}], tool use {p.tool_rate:.3f}, "
+        f"calls ok {_num(p.ok_calls, 0, 3)}, "
+        f"right args {_num(p.right_args, 0, 3)} "
         f"({p.episodes} episodes, {p.errors} errors, {p.seconds:.1f} s)"
     )
 
@@ -569,7 +729,7 @@ def save_plot(
     ax.set_xlabel("-1: random init, 0: after SFT, then GRPO iterations; star: held-out eval after")
     ax.set_ylabel("success rate")
     ax.set_title(
-        f"hidden_function (tool use), tiny model: SFT {cfg.sft_steps} steps on {cfg.demo_tasks}x{cfg.demo_rollouts} "
+        f"{cfg.env} (tool use), {cfg.model}: SFT {cfg.sft_steps} steps on {cfg.demo_tasks}x{cfg.demo_rollouts} "
         f"demos, GRPO {cfg.tasks_per_iter}x{cfg.num_rollouts}/iter",
         fontsize=8,
     )
@@ -593,11 +753,15 @@ def main(argv: list[str] | None = None) -> int:
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    import shlex
+
+    argv = sys.argv[1:] if argv is None else argv
     cfg = parse_args(argv)
-    r = train(cfg)
+    r = train(cfg, command=shlex.join(["python", "scripts/train_tools.py", *argv]))
+    rl = "SFT only" if cfg.sft_only else "GRPO, control: advantages shuffled" if cfg.control == "shuffle" else "GRPO"
     print(
-        f"held-out success: {r.eval_before.success:.3f} (random init) -> {r.eval_after_sft.success:.3f} (after SFT) "
-        f"-> {r.eval_after.success:.3f} (after {'SFT only' if cfg.sft_only else 'GRPO'}); {r.seconds:.0f} s"
+        f"held-out success: {r.eval_before.success:.3f} (as loaded) -> {r.eval_after_sft.success:.3f} (after SFT) "
+        f"-> {r.eval_after.success:.3f} (after {rl}); {r.seconds:.0f} s"
     )
     return 0
 

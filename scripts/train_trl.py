@@ -15,15 +15,30 @@ turns are sampled by TRL's vLLM client::
 
 It prints one line per optimizer step (TRL's logged ``reward``: the mean env reward of the
 episodes that step trained on, sampled before its update) and the first-vs-last summary.
-``train(TrainConfig(...))`` is importable and returns the per-step rows.
+
+**A real model** (README "Training a real model"), as in ``scripts/train_grpo.py``: ``--model smollm2`` (or
+``smollm2-tools``), ``--env`` with ``--env-config`` JSON, ``--eval-tasks N`` held-out rows evaluated through the
+pipeline before and after training (95% Wilson interval), ``--control shuffle`` (each group's rewards shuffled among
+its rollouts before TRL computes advantages) and ``--trainable-layers K``::
+
+    python scripts/train_trl.py --model smollm2 --env arithmetic --eval-tasks 160 --max-steps 20 \\
+        --tasks-per-step 8 --num-generations 8 --lr 2e-5 --temperature 0.7 --max-new-tokens 12 --trainable-layers 10 \\
+        --output-dir outputs/trl_arithmetic
+
+With ``--output-dir`` it writes ``summary.json`` (the command, the held-out evaluations, TRL's per-step rows, wall and
+CPU time). ``train(TrainConfig(...))`` is importable and returns the per-step rows.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import sys
 import tempfile
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -32,11 +47,39 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 class TrainConfig:
     """Settings of :func:`train`; every field is a ``--flag``."""
 
-    max_steps: int = field(default=30, metadata={"help": "Optimizer steps (one rollout call each)."})
+    max_steps: int = field(
+        default=30, metadata={"help": "Optimizer steps (one rollout call per --steps-per-generation steps)."}
+    )
     seed: int = field(default=0, metadata={"help": "Seeds the model init (tiny) and TRL's sampling."})
-    model: str = field(default="tiny", metadata={"help": "'tiny' (the embedded model) or a model id/path."})
+    model: str = field(
+        default="tiny",
+        metadata={"help": "'tiny' (the embedded model), 'smollm2', 'smollm2-tools' or a model id/path."},
+    )
+    env: str = field(default="guess_number", metadata={"help": "A registered env name or an env class path."})
+    env_config: str | None = field(
+        default=None,
+        metadata={"help": "The env's env_config as JSON (default for guess_number: from --low, --high, --max-turns)."},
+    )
+    eval_tasks: int = field(default=0, metadata={"help": "Held-out rows (the env's eval split) to evaluate on; 0: no."})
+    eval_rollouts: int = field(default=1, metadata={"help": "Episodes per held-out row."})
+    control: str = field(
+        default="none",
+        metadata={"help": "'none' or 'shuffle': each group's rewards are shuffled among its rollouts (control run)."},
+    )
+    trainable_layers: int = field(
+        default=0, metadata={"help": "Train only the top N decoder layers and the final norm (0: every parameter)."}
+    )
     num_generations: int = field(default=8, metadata={"help": "Episodes per task (the GRPO group size)."})
-    tasks_per_step: int = field(default=4, metadata={"help": "Task groups per optimizer step."})
+    tasks_per_step: int = field(
+        default=4, metadata={"help": "Task groups per rollout call (per optimizer step when --steps-per-generation 1)."}
+    )
+    steps_per_generation: int = field(
+        default=1,
+        metadata={
+            "help": "Optimizer steps per rollout call: its episodes are split into this many minibatches (TRL's "
+            "steps_per_generation; 4 with 8x8 episodes is what scripts/train_grpo.py does with --minibatch-size 16)."
+        },
+    )
     lr: float = field(default=3e-2, metadata={"help": "AdamW learning rate, constant (3e-2 suits the tiny model)."})
     low: int = field(default=3, metadata={"help": "GuessNumberEnv low."})
     high: int = field(default=3, metadata={"help": "GuessNumberEnv high (== low: a fixed answer to learn)."})
@@ -52,35 +95,56 @@ class TrainConfig:
     )
     use_vllm: bool = field(default=False, metadata={"help": "Sample with TRL's vLLM server client."})
     vllm_server_base_url: str | None = field(default=None, metadata={"help": "vLLM server URL (with --use-vllm)."})
-    output_dir: str | None = field(default=None, metadata={"help": "TRL output dir (default: a temp dir)."})
+    output_dir: str | None = field(
+        default=None, metadata={"help": "TRL output dir and summary.json (default: a temp dir, no summary)."}
+    )
     quiet: bool = field(default=False, metadata={"help": "Do not print the table."})
 
 
-def build(cfg: TrainConfig):
-    """``(trainer, rollout_func)`` for ``cfg``: the GRPOTrainer wired to hf_rollouts."""
+def load_model(cfg: TrainConfig):
+    """``(model, tokenizer)`` of ``--model`` (:func:`hf_rollouts.agents.loading.load_agent` specs), with only the top
+    ``--trainable-layers`` trainable when set."""
+    from hf_rollouts.agents.loading import load_agent
+    from hf_rollouts.training import train_top_layers
+
+    agent = load_agent(cfg.model, model_seed=cfg.seed)
+    model, tokenizer = agent.model, agent.tokenizer
+    if cfg.trainable_layers:
+        train_top_layers(model, cfg.trainable_layers)
+    return model, tokenizer
+
+
+def build(cfg: TrainConfig, model=None, tokenizer=None):
+    """``(trainer, rollout_func)`` for ``cfg``: the GRPOTrainer wired to hf_rollouts (``model`` and ``tokenizer``
+    default to :func:`load_model`'s)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
+    from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from hf_rollouts.envs.guess_number import GuessNumberEnv
-    from hf_rollouts.integrations.trl import env_reward, make_rollout_func, to_trl_dataset
-    from hf_rollouts.tiny_model import build_tiny_model
+    from hf_rollouts.integrations.trl import env_reward, make_rollout_func, shuffled_env_reward, to_trl_dataset
 
-    if cfg.model == "tiny":
-        model, tokenizer = build_tiny_model(seed=cfg.seed)
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype="auto")
+    if cfg.control not in ("none", "shuffle"):
+        raise ValueError(f"--control must be 'none' or 'shuffle', got {cfg.control!r}.")
+    if model is None:
+        model, tokenizer = load_model(cfg)
     on_cpu = not torch.cuda.is_available()
-    env = GuessNumberEnv(tokenizer, {"low": cfg.low, "high": cfg.high, "max_turns": cfg.max_turns})
-    tasks = env.get_train_dataset(cfg.tasks_per_step * cfg.max_steps)
+    env = make_env(cfg, tokenizer)
+    generations = -(-cfg.max_steps // cfg.steps_per_generation)
+    tasks = env.get_train_dataset(cfg.tasks_per_step * generations)
+    episodes = cfg.tasks_per_step * cfg.num_generations
+    if episodes % cfg.steps_per_generation:
+        raise ValueError(
+            f"--tasks-per-step x --num-generations ({episodes}) must split into --steps-per-generation "
+            f"({cfg.steps_per_generation}) equal minibatches."
+        )
     args = GRPOConfig(
         output_dir=cfg.output_dir or tempfile.mkdtemp(prefix="train_trl_"),
         max_steps=cfg.max_steps,
         learning_rate=cfg.lr,
         lr_scheduler_type="constant",
         num_generations=cfg.num_generations,
-        per_device_train_batch_size=cfg.tasks_per_step * cfg.num_generations,
+        per_device_train_batch_size=episodes // cfg.steps_per_generation,
+        steps_per_generation=cfg.steps_per_generation,
         temperature=cfg.temperature,
         seed=cfg.seed,
         logging_steps=1,
@@ -96,16 +160,29 @@ def build(cfg: TrainConfig):
         disable_tqdm=True,
     )
     rollout_func = make_rollout_func(max_new_tokens=cfg.max_new_tokens)
+    reward = shuffled_env_reward(cfg.num_generations, cfg.seed) if cfg.control == "shuffle" else env_reward
     trainer = GRPOTrainer(
         model=model,
         processing_class=tokenizer,
         args=args,
         train_dataset=to_trl_dataset(tasks),
-        reward_funcs=[env_reward],
+        reward_funcs=[reward],
         rollout_func=rollout_func,
     )
     trainer.remove_callback(PrinterCallback)  # this script prints its own table
     return trainer, rollout_func
+
+
+def make_env(cfg: TrainConfig, tokenizer):
+    from hf_rollouts.envs import get_env_class
+
+    if cfg.env_config:
+        config = json.loads(cfg.env_config)
+    elif cfg.env == "guess_number":
+        config = {"low": cfg.low, "high": cfg.high, "max_turns": cfg.max_turns}
+    else:
+        config = {}
+    return get_env_class(cfg.env)(tokenizer, config)
 
 
 @dataclass
@@ -117,31 +194,94 @@ class StepRow:
     grad_norm: float
     agent_tokens: float
 
+    tool_rate: float = 0.0
+    """Share of the step's episodes that called a tool (from the rollout function's episodes)."""
 
-def train(cfg: TrainConfig) -> list[StepRow]:
-    """Train and return one :class:`StepRow` per optimizer step (from ``trainer.state.log_history``)."""
+
+def train(cfg: TrainConfig, command: str | None = None) -> list[StepRow]:
+    """Train and return one :class:`StepRow` per optimizer step (from ``trainer.state.log_history``); with
+    ``--eval-tasks`` the held-out evaluations run before and after, and ``summary.json`` goes to ``--output-dir``
+    (``command`` is recorded there)."""
     import torch
 
+    from hf_rollouts.agents.hf import TransformersAgent
+    from hf_rollouts.evaluation import evaluate_agent
+    from hf_rollouts.seeding import derive_seed
+
+    started, cpu_started = time.perf_counter(), time.process_time()
     flushing = torch.set_flush_denormal(True)  # the tiny model hits float32 denormals: 10-20x slower on x86
+    evaluations = {}
     try:
-        trainer, _ = build(cfg)
+        model, tokenizer = load_model(cfg)
+        eval_tasks = make_env(cfg, tokenizer).get_eval_dataset(cfg.eval_tasks) if cfg.eval_tasks else None
+        scratch = Path(cfg.output_dir or tempfile.mkdtemp(prefix="train_trl_")) / "eval_cache"
+
+        def heldout(tag: str) -> None:
+            if eval_tasks is None:
+                return
+            agent = TransformersAgent(
+                model, tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed
+            )
+            # the same rows and sampling seeds before and after, and as scripts/train_grpo.py's evaluations: both
+            # scripts' evaluations of one model are the same episodes
+            seed = derive_seed("train_grpo_eval", cfg.seed)
+            result = evaluate_agent(eval_tasks, agent, cfg.eval_rollouts, seed=seed, cache_dir=scratch / tag)
+            evaluations[tag] = result.as_dict()
+            if not cfg.quiet:
+                print(f"held-out ({tag}): {result.describe()}", flush=True)
+
+        heldout("before")
+        trainer, rollout_func = build(cfg, model, tokenizer)
+        tool_rates: list[float] = []
+        play = rollout_func.__call__
+
+        def rollout(prompts, trainer):  # the bridge's rollout function, noting each batch's tool-call rate
+            out = play(prompts, trainer)
+            episodes = [e for e in rollout_func.last_episodes if e["status"] != "error"]
+            tool_rates.append(sum(1 for e in episodes if e.get("num_tool_calls", 0)) / max(1, len(episodes)))
+            return out
+
+        trainer.rollout_func = rollout
         trainer.train()
+        model.eval()
+        heldout("after")
     finally:
         if flushing:
             torch.set_flush_denormal(False)
     rows = []
     for h in trainer.state.log_history:
         if "reward" in h:
+            step = int(h["step"])
             rows.append(
                 StepRow(
-                    step=int(h["step"]),
+                    step=step,
                     reward=h["reward"],
                     reward_std=h.get("reward_std", math.nan),
                     frac_reward_zero_std=h.get("frac_reward_zero_std") or 0.0,
                     grad_norm=h.get("grad_norm") or 0.0,
                     agent_tokens=h.get("completions/mean_length") or 0.0,
+                    tool_rate=tool_rates[call]
+                    if (call := (step - 1) // cfg.steps_per_generation) < len(tool_rates)
+                    else math.nan,
                 )
             )
+    if cfg.output_dir:
+        summary = {
+            "command": command,
+            "config": asdict(cfg),
+            "heldout_before": evaluations.get("before"),
+            "heldout_after": evaluations.get("after"),
+            # one row per rollout call (a generate-then-update round, as train_grpo.py's iterations)
+            "steps": [
+                {**asdict(r), "step": (r.step - 1) // cfg.steps_per_generation + 1, "optimizer_step": r.step}
+                for r in rows
+            ],
+            "wall_seconds": time.perf_counter() - started,
+            "cpu_seconds": time.process_time() - cpu_started,
+            "torch_threads": torch.get_num_threads(),
+        }
+        Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(cfg.output_dir) / "summary.json").write_text(json.dumps(summary, indent=1))
     return rows
 
 
@@ -182,7 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     cfg = parse_args(argv)
-    rows = train(cfg)
+    import shlex
+
+    argv = sys.argv[1:] if argv is None else argv
+    rows = train(cfg, command=shlex.join(["python", "scripts/train_trl.py", *argv]))
     if not cfg.quiet:
         print(format_table(rows))
     k = max(1, len(rows) // 5)

@@ -165,6 +165,22 @@ def one_error_line(capsys) -> str:
     return lines[0]
 
 
+def test_inspect_best_shows_the_first_highest_reward_rollout(tmp_path, capsys):
+    from hf_rollouts.cli import best_rollout
+
+    nan = float("nan")
+    assert best_rollout([[0.0, 0.0], [0.0, 1.0], [1.0, 1.0]], [["done"] * 2] * 3) == (1, 1)
+    assert best_rollout([[5.0, 0.0], [nan, 1.0]], [["error", "done"], ["error", "done"]]) == (1, 1)  # errors skipped
+    assert best_rollout([[nan]], [["error"]]) == (0, 0)
+    args = ["generate", "--env", "arithmetic", "--num-tasks", "3", "--num-rollouts", "2", "--max-new-tokens", "2"]
+    assert main([*args, "--output", str(tmp_path / "a"), "--cache-dir", str(tmp_path / "c")]) == 0
+    ds = load_from_disk(str(tmp_path / "a"))
+    row, rollout = best_rollout(ds["final_rewards"], ds["statuses"])
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "a"), "--best"]) == 0
+    assert f"=== row {row}, rollout {rollout}" in capsys.readouterr().out
+
+
 def test_cli_generate_from_env_and_errors(tmp_path, capsys):
     assert main(["generate", "--output", str(tmp_path / "x")]) == 2
     assert "exactly one of --env" in one_error_line(capsys)

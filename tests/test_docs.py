@@ -279,10 +279,14 @@ def public_names() -> list[tuple[str, str]]:
 
 def reference_entries() -> dict[int, str]:
     """id(object) -> the ``::: identifier`` that documents it, over docs/reference/*.md."""
-    entries = {}
+    entries, stale = {}, []
     for page in sorted((ROOT / "docs" / "reference").glob("*.md")):
         for identifier in re.findall(r"^::: *(\S+)", page.read_text(), flags=re.M):
-            entries[id(resolve(identifier))] = identifier
+            try:
+                entries[id(resolve(identifier))] = identifier
+            except (ImportError, AttributeError):
+                stale.append(f"{page.name}: {identifier}")
+    assert not stale, f"reference entries that name nothing (the name moved or went; fix or remove them): {stale}"
     return entries
 
 

@@ -355,3 +355,117 @@ def test_on_error_raise_still_releases(tokenizer):
     with pytest.raises(RuntimeError, match="step broke"):
         env._run_complete_episode("s", ScriptedAgent(["hi"]), {"end": "step"}, on_error="raise")
     assert env.closed == ["s"] and env.open == set()
+
+
+class SlowGroupHook(MultistepEnv):
+    """One turn, reward 1; the group hook of task ``slow`` takes 30 s (sync or async), of the others none."""
+
+    release = threading.Event()
+
+    def _initialize_episode(self, session_id, task_data):
+        return dict(task_data)
+
+    def _format_prompt(self, state, step):
+        return "Say something."
+
+    def _step_episode(self, session_id, state, action):
+        return state, 1.0, True, {}
+
+    def _calculate_group_rewards(self, task_data, states, final_rewards):
+        if task_data["name"] == "slow":
+            self.release.wait(30)
+        return [2.0] * len(states)
+
+
+class AsyncSlowGroupHook(SlowGroupHook):
+    async def _calculate_group_rewards(self, task_data, states, final_rewards):
+        if task_data["name"] == "slow":
+            await asyncio.sleep(30)
+        return [2.0] * len(states)
+
+
+@pytest.mark.parametrize("cls", [SlowGroupHook, AsyncSlowGroupHook])
+def test_a_group_hook_past_step_timeout_fails_only_its_group(cls, tokenizer):
+    """Group rewards run inside the engine under step_timeout: a hook that hangs ends its group as error (a sync one
+    abandoned, an async one cancelled), and the other groups get theirs."""
+    cls.release = threading.Event()
+    env = cls(tokenizer, {"max_turns": 1, "step_timeout": 0.5})
+    try:
+        out = env.run_trial([{"name": "a"}, {"name": "slow"}, {"name": "b"}], ScriptedAgent(["hi"]), num_rollouts=2)
+    finally:
+        cls.release.set()
+    assert out["statuses"] == ["done", "done", "error", "error", "done", "done"]
+    assert out["final_rewards"][:2] == [2.0, 2.0] and out["final_rewards"][4:] == [2.0, 2.0]
+    message = f"group reward ({cls.__name__}._calculate_group_rewards): EpisodeTimeout: step_timeout"
+    assert all(out["errors"][i].startswith(message) for i in (2, 3)), out["errors"]
+
+
+class Relay(MultistepEnv):
+    """Task ``late``'s step waits (up to 20 s) until task ``early``'s group hook has run: only an engine that applies
+    group rewards as each group finishes lets it see that (else it gives reward 0 after the wait)."""
+
+    scored = threading.Event()
+
+    def _initialize_episode(self, session_id, task_data):
+        return dict(task_data)
+
+    def _format_prompt(self, state, step):
+        return "Say something."
+
+    def _step_episode(self, session_id, state, action):
+        if state["name"] == "late":
+            return state, float(self.scored.wait(20)), True, {}
+        return state, 1.0, True, {}
+
+    def _calculate_group_rewards(self, task_data, states, final_rewards):
+        if task_data["name"] == "early":
+            type(self).scored.set()
+        return None
+
+
+def test_group_rewards_are_applied_as_each_group_finishes(tokenizer):
+    Relay.scored = threading.Event()
+    env = Relay(tokenizer, {"max_turns": 1})
+    out = env.run_trial([{"name": "early"}, {"name": "late"}], ScriptedAgent(["hi"]), num_rollouts=2)
+    assert out["final_rewards"] == [1.0, 1.0, 1.0, 1.0], out["errors"]
+
+
+def test_a_blocking_call_into_the_engine_loop_from_the_loop_raises_instead_of_hanging():
+    from hf_rollouts.aio import ENGINE_LOOP
+
+    async def inner():
+        return 1
+
+    async def outer():
+        return ENGINE_LOOP.call(inner())
+
+    with pytest.raises(RuntimeError, match="from the loop itself"):
+        ENGINE_LOOP.call(outer(), timeout=10)
+    assert ENGINE_LOOP.call(inner()) == 1
+
+
+def test_the_offload_policy_learns_per_env_class():
+    from hf_rollouts.rollout.workers import OffloadPolicy
+
+    policy = OffloadPolicy()
+    assert not policy.blocks(Holds) and policy.look == OffloadPolicy.STALL
+    policy.progressed()
+    policy.progressed()
+    assert policy.look == 4 * OffloadPolicy.STALL
+    for _ in range(10):
+        policy.progressed()
+    assert policy.look == OffloadPolicy.LOOK_MAX  # a busy, progressing worker is looked at rarely
+    policy.stalled({Holds})
+    assert policy.blocks(Holds) and not policy.blocks(AsyncHolds) and policy.look == OffloadPolicy.STALL
+
+
+def test_episodes_stay_typed_and_their_dicts_hold_no_env_state(tokenizer):
+    from hf_rollouts.rollout import play_groups, task_groups
+    from hf_rollouts.types import Episode
+
+    env = SlowGroupHook(tokenizer, {"max_turns": 1})
+    (group,) = play_groups(task_groups(env, [{"name": "a"}], 2), ScriptedAgent(["hi"]))
+    assert all(isinstance(e, Episode) and e.env_state is None for e in group.episodes)
+    assert [e.final_reward for e in group.episodes] == [2.0, 2.0]
+    d = group.episodes[0].to_dict()
+    assert "env_state" not in d and Episode.from_dict(d) == group.episodes[0]

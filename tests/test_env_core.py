@@ -10,7 +10,7 @@ import torch
 from hf_rollouts import MultistepEnv, ScriptedAgent
 from hf_rollouts.envs.mastermind import MastermindEnv
 from hf_rollouts.rollout import pad_groups
-from hf_rollouts.types import Action
+from hf_rollouts.types import Action, Episode
 
 R4_KEYS = {"full_token_ids", "full_attention_mask", "agent_token_mask", "per_token_rewards", "final_reward"}
 R5_KEYS = {
@@ -137,8 +137,10 @@ def test_padding_values(tokenizer):
     # a group with unequal lengths: one rollout solves at once, one a turn later
     group = pad_groups(
         [
-            env._run_complete_episode("a", ScriptedAgent(["1 2 3 4"]), {"code": [1, 2, 3, 4]}),
-            env._run_complete_episode("b", ScriptedAgent(["5 5 5 5", "1 2 3 4"]), {"code": [1, 2, 3, 4]}),
+            Episode.from_dict(env._run_complete_episode("a", ScriptedAgent(["1 2 3 4"]), {"code": [1, 2, 3, 4]})),
+            Episode.from_dict(
+                env._run_complete_episode("b", ScriptedAgent(["5 5 5 5", "1 2 3 4"]), {"code": [1, 2, 3, 4]})
+            ),
         ],
         2,
         tokenizer.pad_token_id,

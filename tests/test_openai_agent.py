@@ -522,14 +522,23 @@ def test_a_server_that_stalls_mid_body_is_cut_at_the_deadline():
 
 
 def test_every_connection_of_the_client_is_bounded_by_the_attempt_deadline():
-    from hf_rollouts.agents.openai.http import _DeadlineStream
+    """The deadline bounds the whole attempt whatever carries it: with the client's default transport and every
+    mount (e.g. a proxy's) replaced by one that never answers, a request still ends at its deadline."""
+    import asyncio
+
+    import httpx2
+
+    class Silent(httpx2.AsyncBaseTransport):
+        async def handle_async_request(self, request):
+            await asyncio.sleep(3600)
 
     with LoopbackServer(lambda h, i, body: send_json(h, OK_BODY)) as server:
-        client = agent_for(server)._http()
-        assert client.total_deadline  # installed under the client's connection pool
-        with client._client.stream("POST", chat_completions_url(server.url), json={}) as response:
-            assert isinstance(response.extensions["network_stream"], _DeadlineStream)
-        client.close()
+        agent = agent_for(server, timeout=0.4, max_retries=0)
+        agent._http()._client = httpx2.AsyncClient(transport=Silent(), mounts={"all://": Silent()})
+        t0 = time.monotonic()
+        with pytest.raises(OpenAIRequestError, match=r"did not complete within the 0.4s deadline"):
+            agent.act(request())
+        assert time.monotonic() - t0 < 2.5 and server.bodies == []  # never reached the server
 
 
 # -- sampling fields, log-prob conventions, stop ids -------------------------------------------------

@@ -124,3 +124,45 @@ def test_it_plays_twenty_questions_token_exact(smol, recording, tmp_path):
             assert [lps[p] for p in sampled] == pytest.approx([want[p - 1].item() for p in sampled], abs=2e-3)
     words = " ".join(m["content"] for m in ds[0]["conversations"][0] if m["role"] == "assistant")
     assert re.search(r"[A-Za-z]{3,} [A-Za-z]{2,}", words)  # English words, not byte soup
+
+
+# -- smollm2-tools: an explicit tool-capable template (SmolLM2's own has no tool support) ------------------------
+
+
+def test_the_tools_template_is_qwen2_5s_with_smollm2s_default_system_prompt():
+    """A standard Hermes/Qwen2.5 shape: the fixture copied from llama.cpp, only the default system prompt differs."""
+    qwen = (ROOT / "tests" / "fixtures" / "chat_templates" / "qwen2_5.jinja").read_text(encoding="utf-8")
+    swapped = qwen.replace(
+        "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.", smollm2.DEFAULT_SYSTEM
+    )
+    assert smollm2.tools_chat_template() == swapped != qwen
+
+
+@needs_wheel
+def test_smollm2s_own_template_is_refused_by_a_tool_env_and_the_tools_template_is_token_exact(smol, recording):
+    from test_tools import CalcEnv, check_tool_episode
+
+    from hf_rollouts.chat import ToolTemplateError, check_chat_template
+
+    _, own = smol
+    with pytest.raises(ToolTemplateError, match="cannot carry tool turns"):
+        CalcEnv(own, {})
+    _, tok = smollm2.load_smollm2(tools=True)
+    assert tok.chat_template == smollm2.tools_chat_template() and own.chat_template != tok.chat_template
+    conversations = [
+        [{"role": "user", "content": "Hi"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "2+2?"},
+        ],
+    ]
+    for messages in conversations:  # without tools it renders what SmolLM2's own template renders
+        for prompt in (True, False):
+            mine = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+            assert mine == own.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+    assert check_chat_template(tok).ok
+    check_tool_episode(tok, "qwen2_5", recording)  # the real SmolLM2 tokenizer, calls and results token-exact
+    agent = load_agent("smollm2-tools")
+    assert agent.name == smollm2.TOOLS_NAME and agent.tokenizer.chat_template == tok.chat_template

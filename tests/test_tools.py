@@ -204,7 +204,21 @@ def scripts(name):
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_tool_turns_are_token_exact_on_every_tool_family(tokenizer, recording, name):
-    tok = family_tokenizer(tokenizer, name)
+    check_tool_episode(family_tokenizer(tokenizer, name), name, recording)
+
+
+def test_smollm2_tools_template_is_token_exact_as_the_qwen2_5_family(tokenizer, recording):
+    """The ``smollm2-tools`` template on the embedded tokenizer with ChatML's tokens (the real SmolLM2 tokenizer:
+    tests/test_smollm2.py): it writes calls and results as Qwen2.5 does."""
+    from hf_rollouts.smollm2 import tools_chat_template
+
+    tok = family_tokenizer(tokenizer, "qwen2_5")
+    tok.chat_template = tools_chat_template()
+    check_tool_episode(tok, "qwen2_5", recording)
+
+
+def check_tool_episode(tok, name, recording) -> None:
+    """Play CalcEnv with :class:`ScriptAgent` writing family ``name``'s format; check every turn token-exact."""
     env = CalcEnv(tok, {})
     script = scripts(name)
     watch = recording(ScriptAgent(tok, name, script))

@@ -97,10 +97,47 @@ def test_a_small_run_learns_to_write_parseable_tool_calls(tt, tmp_path):
     # the random init never writes a call; after imitation the model calls hidden_f and the calls parse and run
     assert r.eval_before.tool_rate == 0.0 and math.isnan(r.eval_before.ok_calls)
     assert r.eval_after_sft.tool_rate > 0.25 and r.eval_after_sft.ok_calls > 0.2
-    assert r.demos.tool_rate == 1.0 and r.demos.success == 1.0 and r.demos.right_x == 1.0
+    assert r.demos.tool_rate == 1.0 and r.demos.success == 1.0 and r.demos.right_args == 1.0
     assert len(r.grpo) == 1 and r.grpo[0].episodes == 8
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert (
         saved["config"]["sft_steps"] == 60
         and saved["result"]["eval_after_sft"]["tool_rate"] == r.eval_after_sft.tool_rate
     )
+
+
+def test_calculator_demonstrations_call_with_the_question_and_a_smoke_run_writes_the_summary(tt, tmp_path):
+    """The path `--model smollm2-tools --env calculator --control shuffle --trainable-layers K` takes, on the tiny
+    model: demonstrations that call the calculator win with the question's own expression, and a few steps run."""
+    cfg = tt.ToolTrainConfig(
+        output_dir=str(tmp_path),
+        env="calculator",
+        demo_tasks=8,
+        demo_rollouts=2,
+        demo_tool_rate=0.5,
+        sft_steps=2,
+        sft_batch_size=4,
+        iterations=2,
+        tasks_per_iter=2,
+        num_rollouts=4,
+        minibatch_size=8,
+        eval_tasks=6,
+        eval_rollouts=1,
+        eval_base=False,
+        max_new_tokens=8,
+        control="shuffle",
+        trainable_layers=1,
+        plot="none",
+        quiet=True,
+    )
+    r = tt.train(cfg, command="python scripts/train_tools.py --env calculator")
+    assert 0 < r.demos.tool_rate < 1 and r.demos.right_args == 1.0 and r.demos.ok_calls == 1.0
+    assert r.demos.success >= r.demos.tool_rate  # every call wins (guesses rarely do)
+    assert [p.phase for p in r.grpo] == ["control", "control"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["command"].endswith("calculator") and summary["heldout_after"]["episodes"] == 6
+    assert math.isnan(summary["heldout_base"]["success"]) and summary["heldout_base"]["successes"] is None  # skipped
+    assert summary["heldout_before"]["low"] <= summary["heldout_before"]["success"] <= summary["heldout_before"]["high"]
+    assert [s["step"] for s in summary["steps"]] == [1, 2] and summary["cpu_seconds"] > 0
+    with pytest.raises(ValueError, match="--env must be one of"):
+        tt.train(tt.ToolTrainConfig(env="arithmetic"))

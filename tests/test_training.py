@@ -395,6 +395,70 @@ def test_token_logprobs_match_the_sampling_logprobs(real_batch, tiny):
     )
 
 
+def test_token_logprobs_with_a_loss_mask_run_the_head_from_the_first_loss_token_only(real_batch):
+    model, batch = real_batch
+    mask = batch["loss_mask"]
+    first = int(mask.bool().any(0).nonzero()[0])
+    assert first > 1  # the prompt is skipped
+    seen = {}
+    handle = model.register_forward_hook(
+        lambda m, a, kw, out: seen.update(kw=kw, width=out.logits.shape[1]), with_kwargs=True
+    )
+    try:
+        with torch.no_grad():
+            full = token_logprobs(model, batch["input_ids"], batch["attention_mask"], 0.7)
+            kept = token_logprobs(model, batch["input_ids"], batch["attention_mask"], 0.7, loss_mask=mask)
+    finally:
+        handle.remove()
+    assert seen["kw"]["logits_to_keep"] == batch["input_ids"].shape[1] - first + 1 == seen["width"]
+    torch.testing.assert_close(kept[:, first:], full[:, first:], atol=1e-5, rtol=1e-5)
+    assert kept.shape == full.shape and (kept[:, :first] == 0).all()
+    nothing = token_logprobs(model, batch["input_ids"], batch["attention_mask"], 0.7, loss_mask=torch.zeros_like(mask))
+    assert (nothing == 0).all() and nothing.shape == full.shape
+
+
+def test_shared_prefix_gives_the_full_pass_values_and_gradients(tiny):
+    """Rows that begin alike (a system prompt, then each its own question and answer, right-padded): the prefix run
+    once and its cache repeated over the batch gives the same log-probs and the same parameter gradients."""
+    from hf_rollouts.training.loss import common_prefix_length
+
+    model, tok = tiny
+    prefix = tok("You are a calculator. Reply with the number.", add_special_tokens=False)["input_ids"]
+    rows = [prefix + tok(t, add_special_tokens=False)["input_ids"] for t in ("3 + 4 = 7", "12 + 30 = 42", "1 + 1 = 2")]
+    width = max(map(len, rows))
+    ids = torch.full((3, width), P)
+    attention = torch.zeros(3, width, dtype=torch.long)
+    loss_mask = torch.zeros(3, width)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], attention[i, : len(r)] = torch.tensor(r), 1
+        loss_mask[i, len(prefix) + 2 : len(r)] = 1  # the "answer" part
+    assert common_prefix_length(ids, attention) >= len(prefix)
+
+    def run(share: bool):
+        model.zero_grad(set_to_none=True)
+        lp = token_logprobs(model, ids, attention, 0.7, loss_mask=loss_mask, share_prefix=share)
+        (lp * loss_mask).sum().backward()
+        return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    try:
+        full, full_grads = run(False)
+        shared, shared_grads = run(True)
+    finally:
+        model.zero_grad(set_to_none=True)
+    torch.testing.assert_close(shared, full, atol=1e-5, rtol=1e-5)
+    assert full_grads.keys() == shared_grads.keys() and len(full_grads) > 2
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    seen = []
+    handle = model.register_forward_hook(lambda m, a, kw, out: seen.append(kw["input_ids"].shape), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            token_logprobs(model, ids, attention, 0.7, loss_mask=loss_mask, share_prefix=True)
+    finally:
+        handle.remove()
+    assert seen[0][0] == 1 and seen[0][1] >= len(prefix) and seen[1][0] == 3  # one row for the prefix, then all
+
+
 def test_gradient_is_exactly_zero_outside_agent_tokens(real_batch):
     model, batch = real_batch
     batch = {k: v.to(model.device) for k, v in batch.items()}  # as a training loop does

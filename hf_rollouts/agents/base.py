@@ -13,6 +13,7 @@ Agents know nothing of environments.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -56,14 +57,21 @@ class Agent(ABC):
     it when no recipe is given to them."""
 
     answers_per_request: bool = False
-    """``True`` for agents that answer each request on its own (an inference server): the scheduler then
-    :meth:`submit` s each request as soon as its episode produces it, instead of batching with :meth:`act_batch`."""
+    """``True`` for agents that answer each request on its own (an inference server): the engine then awaits
+    :meth:`answer` for each request as soon as its episode produces it, instead of batching with :meth:`act_batch`."""
+
+    async def answer(self, request: AgentRequest) -> tuple[Action, Any]:
+        """Answer one request on the engine loop (:mod:`hf_rollouts.aio`); how the engine asks agents with
+        ``answers_per_request``. It must not block the loop. Default: awaits :meth:`submit`'s future. Agents with an
+        async client override it (the OpenAI-compatible client, vLLM's ``AsyncLLM``)."""
+        return await asyncio.wrap_future(self.submit(request))
 
     def submit(self, request: AgentRequest) -> Future:
         """Answer one request asynchronously; the future's result is ``(action, agent_state)``.
 
         Default: :meth:`act` on a thread pool of ``self.concurrency`` threads (16 if unset), for agents with
-        ``answers_per_request``. Override it to use the agent's own connection pool.
+        ``answers_per_request`` and a blocking :meth:`act`. Override it (or :meth:`answer`) to use the agent's own
+        connection pool.
         """
         pool = self.__dict__.get("_submit_pool")
         if pool is None:

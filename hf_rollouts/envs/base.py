@@ -12,11 +12,11 @@ Subclasses implement three hooks and know nothing of models:
   rules cut the episode short (its turn limit, as an external env may have) returns ``done=True``
   with ``info["truncated"] = True``: the episode is stored as ``truncated``, not ``done``.
 
-Any of these hooks may be ``async def``: the engine awaits it on its own event loop, where
-thousands of waiting episodes cost no threads (:mod:`hf_rollouts.rollout.aio`; an async hook must
-not block). Sync hooks of different episodes run at the same time on the engine's worker threads
-(``env_workers``), so an env that waits on the outside world (an HTTP server, a sandbox, a judge)
-overlaps its waits; see :attr:`MultistepEnv.thread_safe_hooks`.
+Any of these hooks may be ``async def``: the engine awaits it on its event loop, where
+thousands of waiting episodes cost no threads (:mod:`hf_rollouts.aio`; an async hook must
+not block). Sync hooks run on the engine's worker threads, never on the loop; when they block, those of different
+episodes run at the same time (up to ``env_workers``), so an env that waits on the outside world (an HTTP server, a
+sandbox, a judge) overlaps its waits; see :attr:`MultistepEnv.thread_safe_hooks`.
 
 Optional hooks: ``_calculate_reward(state, step_rewards) -> float`` (default: the sum of
 step rewards), ``_calculate_group_rewards(task_data, states, final_rewards)`` (rewards over all of a
@@ -51,7 +51,7 @@ from transformers import PreTrainedTokenizerBase
 from ..agents.base import Agent
 from ..chat import ChatDelta
 from ..chat.tool_turns import ToolTurns
-from ..rollout import DEFAULT_ENV_WORKERS, apply_group_rewards, episode_jobs, pad_task, run_episode, run_episodes
+from ..rollout import DEFAULT_ENV_WORKERS, apply_group_rewards, pad_task, play_groups, run_episode, task_groups
 from ..rollout.tool_loop import ToolLimits
 from ..schema import to_task_dataset
 from ..tools import Tool, Toolbox, run_tool_calls
@@ -184,6 +184,22 @@ class MultistepEnv(ABC):
             warnings.warn(unknown_keys_message(cls, unknown), UnknownConfigKeyWarning, stacklevel=3)
         return config
 
+    OPTIONAL_HOOKS: ClassVar[tuple[str, ...]] = (
+        "_calculate_group_rewards",
+        "_close_episode",
+        "validate_task_data",
+        "_run_complete_episode",
+    )
+    """Hooks whose base-class default the engine skips when the env keeps it (see :meth:`implements`)."""
+
+    def implements(self, hook: str) -> bool:
+        """Whether this env has its own ``hook`` (one of :attr:`OPTIONAL_HOOKS`), by a subclass or on the instance,
+        instead of the base class's default: the engine keeps env states for a group hook only where there is one,
+        skips a default close, and plays an overridden ``_run_complete_episode`` through the override."""
+        if hook not in self.OPTIONAL_HOOKS:
+            raise ValueError(f"{hook!r} is not an optional hook; one of {self.OPTIONAL_HOOKS}.")
+        return getattr(getattr(self, hook), "__func__", None) is not getattr(MultistepEnv, hook)
+
     # -- hooks ---------------------------------------------------------------
     @abstractmethod
     def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> Any:
@@ -215,8 +231,6 @@ class MultistepEnv(ABC):
         ends)."""
         return None
 
-    _calculate_group_rewards.default_hook = True  # type: ignore[attr-defined]
-
     def validate_task_data(self, task_data: dict[str, Any]) -> None:
         """Check one task row's ``task_data`` without playing it. Default: nothing (a bad row then fails in its
         episodes, as ``error``).
@@ -229,8 +243,6 @@ class MultistepEnv(ABC):
         values the env knows), never by playing."""
         return None
 
-    validate_task_data.default_hook = True  # type: ignore[attr-defined]
-
     def _close_episode(self, session_id: str, state: Any) -> None:
         """Release what an episode's state holds (a server session, a subprocess, a sandbox). Default: nothing.
 
@@ -241,8 +253,6 @@ class MultistepEnv(ABC):
         what it opened before raising. May be ``async def``; timed by ``step_timeout``. An exception makes the
         episode ``error``."""
         return None
-
-    _close_episode.default_hook = True  # type: ignore[attr-defined]
 
     def _system_prompt(self, state: Any) -> str | None:
         """Optional system message opening every episode (``env_config['system_prompt']`` wins)."""
@@ -331,12 +341,8 @@ class MultistepEnv(ABC):
         With ``on_error="raise"`` exceptions propagate. The env's group rewards are applied with the episode as
         its own group (there is no other rollout of the task here).
         """
-        episode = run_episode(self, session_id, agent, task_data, on_error=on_error).to_dict()
-        return apply_group_rewards(self, task_data, [episode], on_error=on_error)[0]  # a group of one
-
-    _run_complete_episode.engine_door = True  # type: ignore[attr-defined]
-    """The scheduler plays episodes of envs that keep this door with its own loop (same result, no thread
-    per episode); an env that overrides ``_run_complete_episode`` gets its override called."""
+        episode = run_episode(self, session_id, agent, task_data, on_error=on_error)
+        return apply_group_rewards(self, task_data, [episode], on_error=on_error)[0].to_dict()  # a group of one
 
     def run_trial(
         self,
@@ -351,7 +357,7 @@ class MultistepEnv(ABC):
         """Play ``num_rollouts`` episodes of each task; return padded trajectories.
 
         Episodes of all tasks run concurrently and share each agent call (see
-        :mod:`hf_rollouts.rollout.scheduler`). Each task's rollouts are padded to that
+        :mod:`hf_rollouts.rollout.engine`). Each task's rollouts are padded to that
         task's longest rollout: ids with ``tokenizer.pad_token_id``, masks, rewards and
         log-probabilities with 0. Returned lists are flat, task-major: entry
         ``t * num_rollouts + r`` is rollout ``r`` of task ``t``. Keys: the columns of
@@ -361,16 +367,15 @@ class MultistepEnv(ABC):
         """
         if num_rollouts < 1:
             raise ValueError(f"num_rollouts must be >= 1, got {num_rollouts}.")
-        jobs = episode_jobs(self, task_data_list, num_rollouts)
-        episodes = run_episodes(
-            jobs, agent, max_concurrency=max_concurrency, on_error=on_error, env_workers=env_workers
+        groups = play_groups(
+            task_groups(self, task_data_list, num_rollouts),
+            agent,
+            max_concurrency=max_concurrency,
+            on_error=on_error,
+            env_workers=env_workers,
         )
         out: dict[str, list] = {}
-        for t, task_data in enumerate(task_data_list):
-            played = episodes[t * num_rollouts : (t + 1) * num_rollouts]
-            group = pad_task(
-                apply_group_rewards(self, task_data, played, on_error=on_error), self.tokenizer.pad_token_id
-            )
-            for key, values in group.items():
+        for group in groups:
+            for key, values in pad_task(group.episodes, self.tokenizer.pad_token_id).items():
                 out.setdefault(key, []).extend(values)
         return out

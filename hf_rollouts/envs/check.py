@@ -34,7 +34,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ..rollout import resolve
+from ..aio import resolve
 from ..types import ToolCall, ToolResult, is_finite_number
 from .base import MultistepEnv
 

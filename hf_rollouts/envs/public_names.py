@@ -29,6 +29,7 @@ PUBLIC_PACKAGES: dict[str, str] = {
     "mastermind": "games.mastermind",
     "guess_number": "games.guess_number",
     "hidden_function": "games.hidden_function",
+    "arithmetic": "games.arithmetic",
     "textarena": "adapters.textarena",
     "reasoning_gym": "adapters.reasoning_gym",
     "skyrl": "adapters.skyrl",

@@ -26,6 +26,8 @@ ENV_REGISTRY: dict[str, str] = {
     "mastermind": "hf_rollouts.envs.mastermind.MastermindEnv",
     "guess_number": "hf_rollouts.envs.guess_number.GuessNumberEnv",
     "hidden_function": "hf_rollouts.envs.hidden_function.HiddenFunctionEnv",
+    "arithmetic": "hf_rollouts.envs.arithmetic.ArithmeticEnv",
+    "calculator": "hf_rollouts.envs.arithmetic.CalculatorEnv",
 }
 """Short names the CLI accepts; ``PREFIX:NAME`` specs of other ecosystems are :data:`ENV_PREFIXES`."""
 

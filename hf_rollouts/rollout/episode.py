@@ -2,8 +2,8 @@
 
 :func:`episode_steps` is the whole loop on one screen, written as a generator: it yields
 each :class:`~hf_rollouts.types.AgentRequest` and is sent back the agent's
-``(action, agent_state)``, so a scheduler can advance many episodes from a few threads and
-answer their requests in any order (:mod:`.scheduler`). A hook may be ``async def``: the
+``(action, agent_state)``, so the engine can advance many episodes from a few threads and
+answer their requests in any order (:mod:`.engine`). A hook may be ``async def``: the
 loop then yields a :class:`HookAwait` and is sent back the awaited result. :func:`run_episode`
 drives it with one agent, synchronously. The loop talks to the environment only through the
 hooks of :class:`EpisodeEnv` (what :class:`~hf_rollouts.envs.base.MultistepEnv` implements);
@@ -12,17 +12,20 @@ every token goes through an :class:`~.recorder.EpisodeRecorder`.
 Statuses: the environment ended the game → ``done``; ``max_turns`` or
 ``max_episode_tokens`` ran out first → ``truncated``; an exception → ``error`` with its
 message, the partial trajectory and a NaN final reward (``on_error="raise"`` re-raises).
-Each hook call is timed by the episode's :class:`HookClock`, which the scheduler's watchdog
-reads to enforce ``step_timeout`` and ``episode_timeout``.
+Each hook call is timed by the episode's :class:`HookClock`, which the engine reads to enforce
+``step_timeout`` and ``episode_timeout``.
 
 Release: an env that overrides ``_close_episode(session_id, state)`` has it called exactly once for every
 episode whose ``_initialize_episode`` returned, whatever ended it (done, truncated, an exception, a time
 limit), before the episode counts as finished, so what the state holds (a server session, a subprocess, a
 sandbox) is free before the next episode starts. It is timed by ``step_timeout`` only (the episode's own
 ``episode_timeout`` has run out when a time limit ended it). A close that raises makes the episode ``error``.
-Where nothing drives the episode any more (the watchdog abandoned it while a sync hook was stuck; the run
+Where nothing drives the episode any more (the engine abandoned it while a sync hook was stuck; the run
 stopped), the close is called at once without waiting for it (an ``async def`` close is started on the engine
 loop).
+
+An env that overrides ``_run_complete_episode`` (its door into the engine) keeps it: :func:`door_steps` calls the
+override as one sync hook, with an agent whose requests the engine answers like any other episode's.
 """
 
 from __future__ import annotations
@@ -35,10 +38,9 @@ from functools import partial
 from typing import Any, Protocol
 
 from ..agents.base import Agent
+from ..aio import ENGINE_LOOP, resolve
 from ..chat import ChatDelta
-from ..types import AgentRequest, Episode
-from .aio import ENGINE_LOOP, resolve
-from .group import uses_group_hook
+from ..types import Action, AgentRequest, Episode, reward_rule_violation
 from .recorder import EpisodeRecorder
 from .tool_loop import agent_turn, turns_left
 
@@ -59,28 +61,33 @@ class EpisodeEnv(Protocol):
     def _step_episode(self, session_id: str, state: Any, action: str) -> tuple[Any, float, bool, dict[str, Any]]: ...
     def _calculate_reward(self, state: Any, step_rewards: list[float]) -> float: ...
     def _system_prompt(self, state: Any) -> str | None: ...
+    def implements(self, hook: str) -> bool:
+        """Whether the env has its own optional ``hook`` (``_close_episode``, ``_calculate_group_rewards``,
+        ``_run_complete_episode``), not the base class's default."""
 
 
 class HookClock:
-    """What an episode is doing that counts against its time limits, and the time it has used.
+    """What an episode is doing that counts against its time limits, the time it has used, and its limits.
 
     ``activity`` names the charged activity running now (an env hook, or ``"agent"`` while the agent answers
     the episode's request) and ``since`` when it began; ``used`` is the seconds of finished activities. Time an
     episode spends waiting for its turn (for a worker thread, for a batch to form, behind other episodes) is
-    never charged. ``alarm`` (set by the scheduler for episodes with an ``episode_timeout``) is told when an
-    activity begins, so the watchdog can wake before the episode's remaining budget runs out.
+    never charged. ``step_limit`` bounds one hook call, ``episode_limit`` the time charged in all (``None``: no
+    limit). ``alarm`` (set by the engine for episodes with an ``episode_limit``) is told when an activity begins, so
+    the engine can look before the episode's remaining budget runs out.
     """
 
-    __slots__ = ("activity", "since", "used", "alarm", "cancelled", "lock", "ending")
+    __slots__ = ("activity", "since", "used", "alarm", "cancelled", "lock", "ending", "step_limit", "episode_limit")
 
-    def __init__(self) -> None:
+    def __init__(self, step_limit: float | None = None, episode_limit: float | None = None) -> None:
         self.activity: str | None = None
         self.since = 0.0
         self.used = 0.0
         self.alarm: Any = None
-        self.cancelled = False  # set by the scheduler when it gave up on the episode: stop at the next hook
+        self.cancelled = False  # set by the engine when it gave up on the episode: stop at the next hook
         self.lock: Any = None  # an env with thread_safe_hooks = False: its lock, held around each hook call
         self.ending = False  # the episode is over and its env releases it: only step_timeout applies now
+        self.step_limit, self.episode_limit = step_limit, episode_limit
 
     def begin(self, activity: str) -> None:
         self.activity, self.since = activity, time.monotonic()
@@ -90,10 +97,6 @@ class HookClock:
     def end(self) -> None:
         self.used += time.monotonic() - self.since
         self.activity = None
-
-    def elapsed(self, now: float) -> float:
-        """Seconds charged to the episode so far (finished activities and the running one)."""
-        return self.used + (now - self.since if self.activity is not None else 0.0)
 
     def call(self, hook: str, fn: Any, *args: Any) -> Any:
         self.begin(hook)
@@ -107,14 +110,46 @@ class HookClock:
             if self.cancelled:
                 raise EpisodeCancelled(f"{hook} returned after its episode was ended")
 
+    def spent(self) -> bool:
+        """The finished activities used up the episode's budget (its next step gets ``EpisodeTimeout``)."""
+        return bool(self.episode_limit and self.used > self.episode_limit and not self.ending)
+
+    def overrun(self, now: float) -> str | None:
+        """Which limit the running activity has passed at ``now`` (a message), or None."""
+        if self.activity is None:
+            return None
+        if self.step_limit and self.activity != AGENT and now - self.since > self.step_limit:
+            return f"step_timeout: {self.activity} ran over {self.step_limit} s"
+        if self.episode_limit and not self.ending and self.used + now - self.since > self.episode_limit:
+            where = "" if self.activity == AGENT else f" (stuck in {self.activity})"
+            return f"episode_timeout: the episode ran over {self.episode_limit} s{where}"
+        return None
+
+    def due(self) -> float:
+        """The moment the running activity would pass a limit (inf: never, or nothing runs)."""
+        due = math.inf
+        if self.activity is not None and self.step_limit and self.activity != AGENT:
+            due = self.since + self.step_limit
+        if self.activity is not None and self.episode_limit and not self.ending:
+            due = min(due, self.since + self.episode_limit - self.used)
+        return due
+
+
+AGENT = "agent"
+"""The clock's activity while the agent answers an episode's request."""
+
 
 class EpisodeCancelled(Exception):
-    """The scheduler ended the episode (a time limit) while one of its hooks ran; the hook's result is dropped."""
+    """The engine ended the episode (a time limit) while one of its hooks ran; the hook's result is dropped."""
+
+
+class EpisodeTimeout(Exception):
+    """An episode ran past ``step_timeout`` or ``episode_timeout``."""
 
 
 class HookAwait:
-    """What an episode yields when an env hook returned an awaitable (an ``async def`` hook): the scheduler awaits
-    it on the engine's loop (:mod:`.aio`) and sends back its result (or throws its exception)."""
+    """What an episode yields when an env hook returned an awaitable (an ``async def`` hook): the engine awaits
+    it on the engine loop (:mod:`hf_rollouts.aio`) and sends back its result (or throws its exception)."""
 
     __slots__ = ("hook", "awaitable")
 
@@ -125,7 +160,7 @@ class HookAwait:
 Steps = Generator["AgentRequest | HookAwait", Any, Episode]
 
 
-def _hook(clock: HookClock, name: str, fn: Any, *args: Any) -> Generator[HookAwait, Any, Any]:
+def hook_call(clock: HookClock, name: str, fn: Any, *args: Any) -> Generator[HookAwait, Any, Any]:
     """Call env hook ``fn`` (timed by ``clock``); if it returns an awaitable, yield it and return its result."""
     result = clock.call(name, fn, *args)
     if hasattr(result, "__await__"):  # inspect.isawaitable, at a third of the cost (every hook call pays it)
@@ -155,7 +190,7 @@ def episode_steps(
     clock = clock if clock is not None else HookClock()
     clock.lock = getattr(env, "hooks_lock", None)
     rec.tools = rec.tools or getattr(env, "tool_turns", None)  # set by an env with executable tools
-    hook = partial(_hook, clock)  # called as `yield from hook(name, fn, *args)`
+    hook = partial(hook_call, clock)  # called as `yield from hook(name, fn, *args)`
     state: Any = _NO_STATE
     released = False
     try:
@@ -195,7 +230,7 @@ def episode_steps(
                 status, error = "error", problem if error is None else f"{error}; then {problem}"
         if status == "error":
             return rec.finish("error", math.nan, error=error)
-        kept = state if uses_group_hook(env) else None  # else dropped now
+        kept = state if env.implements("_calculate_group_rewards") else None  # else dropped now
         return rec.finish(status, final, env_state=kept)
     finally:  # on_error="raise", or the generator closed while it waited: release without waiting
         if state is not _NO_STATE and not released:
@@ -205,23 +240,17 @@ def episode_steps(
 _NO_STATE = object()
 
 
-def closes_episodes(env: Any) -> bool:
-    """Whether ``env`` overrides ``_close_episode`` (the base class's default is marked ``default_hook``)."""
-    close = getattr(env, "_close_episode", None)
-    return close is not None and not getattr(close, "default_hook", False)
-
-
 def _release(env: Any, clock: HookClock, session_id: str, state: Any) -> Generator[HookAwait, Any, str | None]:
     """Call the env's ``_close_episode`` for an ended episode (see the module docstring); return what went wrong,
     or ``None``."""
-    if not closes_episodes(env):
+    if not env.implements("_close_episode"):
         return None
-    if clock.cancelled:  # the watchdog gave up on this episode: nobody drives this generator any more
+    if clock.cancelled:  # the engine gave up on this episode: nobody drives this generator any more
         _release_now(env, session_id, state)
         return None
     clock.ending = True
     try:
-        yield from _hook(clock, "_close_episode", env._close_episode, session_id, state)
+        yield from hook_call(clock, "_close_episode", env._close_episode, session_id, state)
     except EpisodeCancelled:  # a sync close ran past step_timeout; the episode is recorded as error already
         return None
     except Exception as exc:
@@ -231,7 +260,7 @@ def _release(env: Any, clock: HookClock, session_id: str, state: Any) -> Generat
 
 def _release_now(env: Any, session_id: str, state: Any) -> None:
     """Call ``_close_episode`` without waiting for an async one (it is started on the engine loop)."""
-    if not closes_episodes(env):
+    if not env.implements("_close_episode"):
         return
     try:
         result = env._close_episode(session_id, state)
@@ -245,18 +274,47 @@ def _release_now(env: Any, session_id: str, state: Any) -> None:
         )
 
 
-def run_episode(
-    env: EpisodeEnv,
-    session_id: str,
-    agent: Agent,
-    task_data: dict[str, Any],
-    *,
-    on_error: str = "record",
-    seed: int | None = None,
-) -> Episode:
-    """Play one episode synchronously with ``agent``; return it unpadded (see the module docstring). Async hooks are
-    awaited on the engine's loop (:func:`~.aio.resolve`)."""
-    steps = episode_steps(env, session_id, task_data, on_error=on_error, seed=seed)
+def door_steps(
+    env: Any, session_id: str, task_data: dict[str, Any], ask: Any, *, on_error: str, clock: HookClock
+) -> Steps:
+    """An episode of an env that overrides ``_run_complete_episode``: the override is called as one sync hook, with
+    an agent whose ``act`` hands each request to ``ask`` (the engine's, which blocks the calling thread until the
+    request is answered like any other episode's). Between two requests the override's work is timed by ``clock`` as
+    the hook ``_run_complete_episode``; while a request is answered, as the agent's. Its dictionary must obey the
+    reward rule: an env may not bypass the recorder (a ``RuntimeError`` that stops the run)."""
+
+    def act(request: AgentRequest) -> tuple[Action, Any]:
+        clock.end()  # the engine charges the request as the agent's time
+        try:
+            return ask(request)
+        finally:
+            clock.begin("_run_complete_episode")
+
+    agent = _Asks(act)
+    door = partial(env._run_complete_episode, on_error=on_error)
+    result = yield from hook_call(clock, "_run_complete_episode", door, session_id, agent, task_data)
+    problem = reward_rule_violation(result["status"], result["final_reward"], result["per_token_rewards"])
+    if problem:
+        raise RuntimeError(
+            f"episode {session_id} of {type(env).__name__} breaks the reward rule ({problem}); an environment must not "
+            "override _run_complete_episode to bypass the recorder."
+        )
+    return Episode.from_dict(result)
+
+
+class _Asks(Agent):
+    """The agent an overridden ``_run_complete_episode`` plays with inside the engine (see :func:`door_steps`)."""
+
+    def __init__(self, act: Any) -> None:
+        self.act = act  # type: ignore[method-assign]
+
+    def get_action(self, messages: Any, agent_state: Any = None) -> Any:  # pragma: no cover - act is always used
+        raise NotImplementedError
+
+
+def drive(steps: Generator[Any, Any, Any], agent: Agent | None = None) -> Any:
+    """Run ``steps`` (an episode or a group step) to its end on this thread: each request answered by ``agent.act``,
+    each awaitable awaited on the engine loop; a failure thrown back in. Returns what the generator returns."""
     try:
         request = next(steps)
         while True:
@@ -268,3 +326,17 @@ def run_episode(
                 request = steps.send(answer)
     except StopIteration as stop:
         return stop.value
+
+
+def run_episode(
+    env: EpisodeEnv,
+    session_id: str,
+    agent: Agent,
+    task_data: dict[str, Any],
+    *,
+    on_error: str = "record",
+    seed: int | None = None,
+) -> Episode:
+    """Play one episode synchronously with ``agent``; return it unpadded (see the module docstring). Async hooks are
+    awaited on the engine loop (:func:`~hf_rollouts.aio.resolve`)."""
+    return drive(episode_steps(env, session_id, task_data, on_error=on_error, seed=seed), agent)

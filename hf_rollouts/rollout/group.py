@@ -2,7 +2,7 @@
 
 Some rewards are only defined over a group (verifiers' group rubrics rank or compare a task's
 completions; a pairwise judge; a diversity bonus). After the ``num_rollouts`` episodes of one task have
-ended, and before they are padded, :func:`apply_group_rewards` calls the env's
+ended, and before they are padded, the engine runs :func:`group_steps`, which calls the env's
 ``_calculate_group_rewards(task_data, states, final_rewards)`` with the final state object and final
 reward of each rollout that did not fail (``error`` rollouts are left out and stay ``error``). It
 returns the new final rewards, one per state, or ``None`` to keep them.
@@ -11,10 +11,10 @@ The reward rule holds afterwards: a rollout whose final reward changes by ``delt
 added to its *last* agent turn's step reward, placed on that turn's tokens by the env's
 ``reward_placement`` (the last agent token by default), so ``final_reward - sum(per_token_rewards)``
 is what it was before (0 for an env whose final reward is the sum of its step rewards). The turn's
-info records ``group_reward``. A hook that raises, returns an awaitable that fails, or returns
-anything but one finite number per state makes every rollout it was given ``error`` (NaN), with the
-message; never a zero reward. The hook may be ``async def``: it is awaited on the engine's event loop
-(:mod:`.aio`), where the env's async hooks ran.
+info records ``group_reward``. A hook that raises, returns an awaitable that fails, runs past ``step_timeout``, or
+returns anything but one finite number per state makes every rollout it was given ``error`` (NaN), with the
+message; never a zero reward. The hook may be ``async def``: it is awaited on the engine loop, where the env's async
+hooks ran; a sync one runs on the engine's workers, like every sync hook.
 
 Env states are kept on the episodes only for an env that overrides the hook, only until this step, and then
 dropped: they never reach a dataset. An episode with no agent turn keeps its final reward (there is no turn to
@@ -26,22 +26,27 @@ word (``info["solved"]``), else whether the final reward reached the env's ``max
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
+from collections.abc import Generator
+from dataclasses import dataclass
 from typing import Any
 
-from .aio import resolve
+from ..types import Episode
+from .episode import HookAwait, HookClock, drive, hook_call
 from .recorder import place_reward
 
 GROUP_HOOK = "_calculate_group_rewards"
 
 
-def uses_group_hook(env: Any) -> bool:
-    """Whether ``env`` overrides the group hook (the base class's default is marked ``default_hook``); only then
-    are env states kept on the episodes until :func:`apply_group_rewards`, so a state holding a session, a
-    subprocess or a sandbox is released when its episode ends."""
-    hook = getattr(env, GROUP_HOOK, None)
-    return hook is not None and not getattr(hook, "default_hook", False)
+@dataclass
+class EpisodeGroup:
+    """The finished rollouts of one task, in rollout order, group rewards applied: one GRPO group, one padded row."""
+
+    env: Any
+    task_data: dict[str, Any]
+    episodes: list[Episode]
 
 
 def _checked(result: Any, n: int, name: str) -> list[float] | None:
@@ -57,73 +62,73 @@ def _checked(result: Any, n: int, name: str) -> list[float] | None:
     return out
 
 
-def _as_error(episode: dict[str, Any], message: str) -> dict[str, Any]:
-    return {**episode, "status": "error", "error": message, "final_reward": math.nan}
+def as_error(episode: Episode, message: str) -> Episode:
+    return dataclasses.replace(episode, status="error", error=message, final_reward=math.nan, solved=False)
 
 
-def _adjust(episode: dict[str, Any], reward: float, placement: str) -> dict[str, Any]:
-    turns = episode.get("turns") or []
-    if not turns:  # no agent turn to place a change on: the reward rule keeps the reward as it was
+def _adjust(episode: Episode, reward: float, placement: str) -> Episode:
+    if not episode.turns:  # no agent turn to place a change on: the reward rule keeps the reward as it was
         return episode
-    delta = reward - episode["final_reward"]
-    episode = {**episode, "final_reward": reward}
-    last = turns[-1]
+    delta = reward - episode.final_reward
+    last = episode.turns[-1]
     last.info["group_reward"] = reward
+    rewards = episode.per_token_rewards
     if delta != 0.0:
-        rewards = list(episode["per_token_rewards"])
-        place_reward(rewards, episode["agent_token_mask"], last, delta, placement)
+        rewards = list(rewards)
+        place_reward(rewards, episode.agent_token_mask, last, delta, placement)
         last.reward += delta
-        episode["per_token_rewards"] = rewards
-    return episode
+    return dataclasses.replace(episode, final_reward=reward, per_token_rewards=rewards)
+
+
+def group_error(env: Any, exc: BaseException) -> str:
+    return f"group reward ({type(env).__name__}.{GROUP_HOOK}): {type(exc).__name__}: {exc}"
+
+
+def group_steps(
+    env: Any, task_data: dict[str, Any], episodes: list[Episode], *, on_error: str, clock: HookClock
+) -> Generator[HookAwait, Any, list[Episode]]:
+    """``episodes`` (one task's) with the env's group rewards applied (see the module docstring), their env states
+    dropped and ``solved`` settled. A generator like an episode's (:func:`~.episode.episode_steps`): an async hook
+    makes it yield a :class:`~.episode.HookAwait`. ``on_error="raise"`` re-raises a failing hook."""
+    members = [i for i, e in enumerate(episodes) if e.status != "error"]
+    out = [dataclasses.replace(e, env_state=None) if e.env_state is not None else e for e in episodes]
+    if members and env.implements(GROUP_HOOK):
+        name = f"{type(env).__name__}.{GROUP_HOOK}"
+        try:
+            states = [episodes[i].env_state for i in members]
+            finals = [float(episodes[i].final_reward) for i in members]
+            result = yield from hook_call(clock, GROUP_HOOK, getattr(env, GROUP_HOOK), task_data, states, finals)
+            rewards = _checked(result, len(members), name)
+        except Exception as exc:
+            if on_error == "raise":
+                raise
+            for i in members:
+                out[i] = as_error(out[i], group_error(env, exc))
+            return settle_solved(env, out)
+        if rewards is not None:
+            placement = getattr(env, "reward_placement", "last")
+            for i, reward in zip(members, rewards):
+                out[i] = _adjust(out[i], reward, placement)
+    return settle_solved(env, out)
 
 
 def apply_group_rewards(
-    env: Any, task_data: dict[str, Any], episodes: list[dict[str, Any]], *, on_error: str = "record"
-) -> list[dict[str, Any]]:
-    """``episodes`` (one task's unpadded episode dicts) with the env's group rewards applied (see the module
-    docstring) and their env states dropped. ``on_error="raise"`` re-raises a failing hook."""
-    return settle_solved(env, _group_rewards(env, task_data, episodes, on_error))
+    env: Any, task_data: dict[str, Any], episodes: list[Episode], *, on_error: str = "record"
+) -> list[Episode]:
+    """:func:`group_steps` run to its end on this thread (an async hook awaited on the engine loop)."""
+    return drive(group_steps(env, task_data, episodes, on_error=on_error, clock=HookClock()))
 
 
-def settle_solved(env: Any, episodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def settle_solved(env: Any, episodes: list[Episode]) -> list[Episode]:
     """Each episode's ``solved`` settled (in place): ``False`` for ``error``; the env's ``info["solved"]`` where it
     gave one; else ``final_reward >= env.max_reward`` when the env declares a maximum; else ``None`` (unknown)."""
     top = getattr(env, "max_reward", None)
     for e in episodes:
-        if e.get("status") == "error":
-            e["solved"] = False
-        elif e.get("solved") is None:
-            e["solved"] = (
-                None if top is None else bool(e["final_reward"] >= top or math.isclose(e["final_reward"], top))
-            )
+        if e.status == "error":
+            e.solved = False
+        elif e.solved is None:
+            e.solved = None if top is None else bool(e.final_reward >= top or math.isclose(e.final_reward, top))
     return episodes
 
 
-def _group_rewards(
-    env: Any, task_data: dict[str, Any], episodes: list[dict[str, Any]], on_error: str
-) -> list[dict[str, Any]]:
-    members = [i for i, e in enumerate(episodes) if e.get("status") != "error"]
-    out = [{k: v for k, v in e.items() if k != "env_state"} for e in episodes]
-    if not uses_group_hook(env) or not members:
-        return out
-    hook = getattr(env, GROUP_HOOK)
-    name = f"{type(env).__name__}.{GROUP_HOOK}"
-    try:
-        states = [episodes[i].get("env_state") for i in members]
-        finals = [float(episodes[i]["final_reward"]) for i in members]
-        rewards = _checked(resolve(hook(task_data, states, finals)), len(members), name)
-    except Exception as exc:
-        if on_error == "raise":
-            raise
-        message = f"group reward ({name}): {type(exc).__name__}: {exc}"
-        for i in members:
-            out[i] = _as_error(out[i], message)
-        return out
-    if rewards is not None:
-        placement = getattr(env, "reward_placement", "last")
-        for i, reward in zip(members, rewards):
-            out[i] = _adjust(out[i], reward, placement)
-    return out
-
-
-__all__ = ["GROUP_HOOK", "apply_group_rewards", "settle_solved", "uses_group_hook"]
+__all__ = ["GROUP_HOOK", "EpisodeGroup", "apply_group_rewards", "group_steps", "settle_solved"]

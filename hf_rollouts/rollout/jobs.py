@@ -1,42 +1,39 @@
-"""Episodes to play: which env, which task, which rollout, with which seed; and the door for envs that override
-``_run_complete_episode``."""
+"""What to play: episodes (an env, a task, a rollout index, a seed) and the groups of rollouts of one task."""
 
 from __future__ import annotations
 
-import queue
-import threading
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from ..agents.base import Agent
 from ..seeding import derive_seed
-from ..types import Action, AgentRequest, reward_rule_violation
-from .episode import HookClock, Steps
-
-
-class PlaysEpisodes(Protocol):
-    """An environment as the engine sees it: its config and its door to one episode."""
-
-    env_config: dict[str, Any]
-
-    def _run_complete_episode(
-        self, session_id: str, agent: Agent, task_data: dict[str, Any], *, on_error: str = ...
-    ) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
 class EpisodeJob:
-    """One episode to play: which env, which task, which rollout, and its sampling seed (``None``: unseeded)."""
+    """One episode to play: which env, which task, which rollout, and its sampling seed (``None``: unseeded).
 
-    env: PlaysEpisodes
+    ``order`` is its place in the run: results come back in that order, and a client-batching agent's batch lists
+    its requests in that order."""
+
+    env: Any
     task_data: dict[str, Any]
     session_id: str
     order: int
     seed: int | None = None
 
 
+@dataclass(frozen=True)
+class GroupJob:
+    """The rollouts of one task, played as a group: the env's group rewards are computed over them once all have
+    ended (:mod:`.group`). ``jobs`` share ``env`` and ``task_data``."""
+
+    env: Any
+    task_data: dict[str, Any]
+    jobs: tuple[EpisodeJob, ...]
+
+
 def episode_jobs(
-    env: PlaysEpisodes,
+    env: Any,
     task_data_list: list[dict[str, Any]],
     num_rollouts: int,
     *,
@@ -62,46 +59,18 @@ def episode_jobs(
     ]
 
 
-def custom_door(job: EpisodeJob, on_error: str, clock: HookClock) -> Steps:
-    """An env that overrides ``_run_complete_episode``: run the override in a thread of its own, and yield the
-    requests it makes so the engine answers them like any other. The override's work between two requests is
-    timed by ``clock`` as one hook, ``_run_complete_episode``."""
-    inbox: queue.SimpleQueue = queue.SimpleQueue()
-    outbox: queue.SimpleQueue = queue.SimpleQueue()
-
-    class _Relay(Agent):
-        def get_action(self, messages, agent_state=None):  # pragma: no cover - act is always used
-            raise NotImplementedError
-
-        def act(self, request: AgentRequest) -> tuple[Action, Any]:
-            outbox.put(("request", request))
-            kind, value = inbox.get()
-            if kind == "error":
-                raise value
-            return value
-
-    def play() -> None:
-        try:
-            outbox.put(
-                ("done", job.env._run_complete_episode(job.session_id, _Relay(), job.task_data, on_error=on_error))
-            )
-        except BaseException as exc:
-            outbox.put(("raise", exc))
-
-    threading.Thread(target=play, name=f"hf-rollouts-{job.session_id}", daemon=True).start()
-    while True:
-        kind, value = clock.call("_run_complete_episode", outbox.get)
-        if kind == "done":
-            problem = reward_rule_violation(value["status"], value["final_reward"], value["per_token_rewards"])
-            if problem:  # the engine's own episodes pass through the recorder, which enforces the rule
-                raise RuntimeError(
-                    f"episode {job.session_id} of {type(job.env).__name__} breaks the reward rule ({problem}); "
-                    "an environment must not override _run_complete_episode to bypass the recorder."
-                )
-            return value
-        if kind == "raise":
-            raise value
-        try:
-            inbox.put(("answer", (yield value)))
-        except Exception as exc:
-            inbox.put(("error", exc))
+def task_groups(
+    env: Any,
+    task_data_list: list[dict[str, Any]],
+    num_rollouts: int,
+    *,
+    prefix: str = "",
+    start: int = 0,
+    seed: int | None = None,
+) -> list[GroupJob]:
+    """:func:`episode_jobs`, one :class:`GroupJob` per task."""
+    jobs = episode_jobs(env, task_data_list, num_rollouts, prefix=prefix, start=start, seed=seed)
+    return [
+        GroupJob(env, task, tuple(jobs[t * num_rollouts : (t + 1) * num_rollouts]))
+        for t, task in enumerate(task_data_list)
+    ]

@@ -13,8 +13,8 @@ named by whoever wrote the task rows. Like ``env_class_path``, it is used only w
 spec (``allowed_env_models=[spec]``, CLI ``--allow-env-model SPEC``): :func:`hf_rollouts.envs.registry.validate_tasks`
 refuses it before anything starts.
 
-One connection per :class:`MCPTools`, opened on first use on the tools' event loop
-(:func:`hf_rollouts.tools.run.tool_loop`) and kept for every later call (a stdio server is one subprocess for the
+One connection per :class:`MCPTools`, opened on first use on the engine loop
+(:data:`hf_rollouts.aio.ENGINE_LOOP`) and kept for every later call (a stdio server is one subprocess for the
 whole run), closed by :meth:`MCPTools.close` or at exit. A call's result is the text of its content blocks;
 ``is_error`` answers (MCP returns tool failures as results, not exceptions) become tool errors the model reads.
 """
@@ -27,8 +27,9 @@ import json
 import shlex
 from typing import Any
 
+from ..aio import ENGINE_LOOP
 from .declare import Tool
-from .run import ToolFailed, tool_loop
+from .run import ToolFailed
 
 __all__ = ["MCPTools"]
 
@@ -114,7 +115,7 @@ class MCPTools:
         return await asyncio.wait_for(asyncio.shield(self._ready), self.connect_timeout)
 
     def _run(self, coro: Any, timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, tool_loop()).result(timeout)
+        return ENGINE_LOOP.call(coro, timeout)
 
     async def _list(self) -> list[Any]:
         client = await self._connected()
@@ -157,10 +158,10 @@ class MCPTools:
         closed, task = self._closed, self._task
         if closed is None or task is None:
             return
-        loop = tool_loop()
+        loop = ENGINE_LOOP.loop()
         loop.call_soon_threadsafe(closed.set)
         try:
-            asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(task), 10), loop).result(15)
+            ENGINE_LOOP.call(asyncio.wait_for(asyncio.shield(task), 10), 15)
         except Exception:  # closing is best effort (at exit, the loop may be gone)
             pass
         self._closed = self._task = self._ready = None

@@ -7,27 +7,25 @@ that runs past ``timeout`` each become a :class:`~hf_rollouts.types.ToolResult` 
 (``status`` ``error`` or ``timeout``), which the model reads as the tool's answer. Raise :class:`ToolFailed` from
 a tool to answer with your own error text.
 
-Where calls run: sync tools each in a daemon thread of their own (a call past its timeout is abandoned there,
-never joined: Python cannot kill a thread), ``async def`` tools on the engine's event loop
-(:mod:`hf_rollouts.rollout.aio`; a call past its timeout is cancelled). The calls of one turn run at the same
-time. The caller is the env hook that asked for them (``_call_tools``), run on the engine's worker pool like
-every sync hook, so its worker is the one that waits, and other episodes go on meanwhile.
-A single sync call without a timeout runs inline, in the hook's thread.
+Where calls run: ``async def`` tools on the engine loop (:mod:`hf_rollouts.aio`; a call past its timeout is
+cancelled); sync tools on the process's reused daemon threads (:data:`hf_rollouts.aio.THREADS`; a call past its
+timeout is abandoned there, never joined: Python cannot kill a thread, and its thread is reused once it returns). The
+calls of one turn run at the same time. A single sync call without a timeout runs inline, in the caller's thread.
+The caller is the env hook that asked for them (``_call_tools``), run on the engine's workers like every sync hook
+(never on the loop), so its worker is the one that waits, and other episodes go on meanwhile.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from ..rollout.aio import ENGINE_LOOP
+from ..aio import ENGINE_LOOP, THREADS, resolve
 from ..types import ToolCall, ToolResult
 from .declare import Tool, Toolbox
 
@@ -48,32 +46,8 @@ def result_text(value: Any) -> str:
         return str(value)
 
 
-def tool_loop() -> asyncio.AbstractEventLoop:
-    """The event loop ``async def`` tools run on: the engine's own (:data:`hf_rollouts.rollout.aio.ENGINE_LOOP`),
-    where async env hooks run too."""
-    return ENGINE_LOOP.loop()
-
-
-def _in_thread(fn: Callable[[], Any]) -> Future:
-    future: Future = Future()
-
-    def run() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            value = fn()
-            if inspect.isawaitable(value):  # a sync function that hands back an awaitable
-                value = asyncio.run_coroutine_threadsafe(_awaited(value), tool_loop()).result()
-            future.set_result(value)
-        except BaseException as exc:  # the caller turns it into an error result
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name="hf-rollouts-tool", daemon=True).start()
-    return future
-
-
-async def _awaited(awaitable: Any) -> Any:
-    return await awaitable
+def _call(fn: Callable[[], Any]) -> Any:
+    return resolve(fn())  # a sync function may hand back an awaitable: awaited on the engine loop
 
 
 def _bind(tool: Tool, call: ToolCall, state: Any) -> Callable[[], Any] | str:
@@ -115,20 +89,16 @@ def run_tool_calls(
         if isinstance(job, str):
             pending.append((call, None, job, False))
         elif tool.is_async:
-            future = asyncio.run_coroutine_threadsafe(_awaited(job()), tool_loop())
-            pending.append((call, future, None, True))
+            pending.append((call, ENGINE_LOOP.submit(job()), None, True))
         elif timeout is None and len(calls) == 1:
             future = Future()
             try:
-                value = job()
-                if inspect.isawaitable(value):
-                    value = asyncio.run_coroutine_threadsafe(_awaited(value), tool_loop()).result()
-                future.set_result(value)
+                future.set_result(_call(job))
             except Exception as exc:
                 future.set_exception(exc)
             pending.append((call, future, None, False))
         else:
-            pending.append((call, _in_thread(job), None, False))
+            pending.append((call, THREADS.submit(lambda job=job: _call(job)), None, False))
     finished: dict[int, float] = {}
     for i, (_, future, _, _) in enumerate(pending):
         if future is not None:  # each call's own duration, whatever order the results are read in

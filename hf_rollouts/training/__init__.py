@@ -12,7 +12,8 @@ Three pieces, usable separately:
   ``torch.utils.data.DataLoader`` (and ``accelerate``'s prepared loaders).
 * :func:`token_logprobs` recomputes per-token log-probabilities with a model and
   :func:`grpo_loss` is the clipped policy-gradient objective with an optional
-  KL penalty.
+  KL penalty; :func:`train_top_layers` freezes all but the top of a decoder, and
+  :func:`shuffle_advantages` makes a control run (rewards shuffled within groups).
 
 Position convention, shared with the rollout data: position ``t`` of a sequence
 holds ``log p(input_ids[t] | input_ids[:t])`` computed as
@@ -41,9 +42,11 @@ them an all-zero loss mask, so they are never trained on as a zero reward.
 from .advantages import ADVANTAGE_MODES, DROP_REASONS, RolloutFilter, RolloutFilterReport, group_advantages
 from .agreement import LogprobGap, logprob_gap
 from .collate import RolloutCollator
+from .control import shuffle_advantages
 from .convention import check_logprob_convention, read_logprob_convention
 from .data import FLAT_FEATURES, PreparedRollouts, load_rollouts, prepare_rollouts
 from .loss import grpo_loss, model_device, token_logprobs
+from .partial import train_top_layers
 
 __all__ = [
     "ADVANTAGE_MODES",
@@ -62,5 +65,7 @@ __all__ = [
     "load_rollouts",
     "prepare_rollouts",
     "read_logprob_convention",
+    "shuffle_advantages",
     "token_logprobs",
+    "train_top_layers",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from .convention import check_logprob_convention
@@ -14,6 +16,8 @@ def token_logprobs(
     temperature: float = 1.0,
     *,
     convention: dict | None = None,
+    loss_mask: torch.Tensor | None = None,
+    share_prefix: bool = False,
 ) -> torch.Tensor:
     """Per-position log-probabilities of the tokens in ``input_ids`` under ``model``.
 
@@ -28,6 +32,18 @@ def token_logprobs(
     ``convention``: the stored log-probs' convention (``PreparedRollouts.logprob_convention``);
     a ``temperature`` that does not match it raises ``ValueError``
     (:func:`~.convention.check_logprob_convention`).
+
+    ``loss_mask`` (same shape as ``input_ids``): only the positions from the batch's first loss token on are scored,
+    and the language-model head runs on those positions only (the model's ``logits_to_keep`` argument, which
+    transformers' causal LMs take); positions before hold 0. With a long prompt and a short answer this skips most
+    of the head's ``[tokens, vocabulary]`` product and its backward (49,152 columns for SmolLM2). The values at the
+    scored positions are the same as without it.
+
+    ``share_prefix=True`` (with ``loss_mask``): the tokens every row begins with (a system prompt, a tool list, a
+    GRPO group's question), up to the first loss token, run through the model once, and their key/value cache is
+    repeated over the batch for the rest of each row; gradients flow back through it to that one pass. The values
+    and gradients are those of the full pass up to float rounding (tested); the work on the shared part is one row's
+    instead of the batch's. Needs a model that takes ``past_key_values`` (transformers' causal LMs).
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}.")
@@ -35,12 +51,39 @@ def token_logprobs(
     device = model_device(model)
     input_ids = input_ids.to(device)
     attention_mask = None if attention_mask is None else attention_mask.to(device)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    width = input_ids.shape[1]
+    start = 1  # the first position whose log-prob is computed (position 0 has no context)
+    if loss_mask is not None:
+        if loss_mask.shape != input_ids.shape:
+            raise ValueError(f"loss_mask has shape {tuple(loss_mask.shape)}, input_ids {tuple(input_ids.shape)}.")
+        columns = loss_mask.bool().any(dim=0).nonzero()
+        start = max(1, int(columns[0])) if len(columns) else width
+    if start >= width:  # nothing to score
+        return torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    kwargs = {} if loss_mask is None else {"logits_to_keep": width - start + 1}
+    shared = common_prefix_length(input_ids, attention_mask) if share_prefix and loss_mask is not None else 0
+    shared = min(shared, start - 1)  # every scored position's logits come from the pass over the rest
+    if shared > 0 and input_ids.shape[0] > 1:
+        prefix = model(
+            input_ids=input_ids[:1, :shared],
+            attention_mask=None if attention_mask is None else attention_mask[:1, :shared],
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        keyword = _cache_keyword(model)
+        cache = getattr(prefix, keyword)
+        cache.batch_repeat_interleave(input_ids.shape[0])
+        output = model(
+            input_ids=input_ids[:, shared:], attention_mask=attention_mask, use_cache=True, **{keyword: cache}, **kwargs
+        )
+    else:
+        output = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    logits = output.logits[:, -(width - start + 1) : -1].float()
     if temperature > 0:
         logits = logits / temperature
-    targets = input_ids[:, 1:].unsqueeze(-1)
+    targets = input_ids[:, start:].unsqueeze(-1)
     picked = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    out = torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+    out = torch.cat([torch.zeros_like(picked[:, :1]).expand(-1, start), picked], dim=1)
     if attention_mask is not None:
         out = torch.where(attention_mask.bool(), out, torch.zeros_like(out))
     return out
@@ -52,6 +95,22 @@ def model_device(model: torch.nn.Module) -> torch.device:
     if isinstance(device, torch.device):
         return device
     return next(model.parameters()).device
+
+
+def _cache_keyword(model: torch.nn.Module) -> str:
+    """``cache`` where transformers renamed ``past_key_values`` (5.2x, which warns on the old name), else the old
+    name; the same word names the cache in the model's output."""
+    forward = type(getattr(model, "module", model)).forward  # through a DistributedDataParallel wrapper
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def common_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> int:
+    """How many leading positions hold the same token, attended, in every row."""
+    same = (input_ids == input_ids[:1]).all(dim=0)
+    if attention_mask is not None:
+        same &= attention_mask.bool().all(dim=0)
+    differ = (~same).nonzero()
+    return int(differ[0]) if len(differ) else input_ids.shape[1]
 
 
 def grpo_loss(

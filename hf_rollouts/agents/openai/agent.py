@@ -1,7 +1,9 @@
 """An agent served over HTTP by an OpenAI-compatible server (vLLM, SGLang, ``transformers serve``, ...).
 
-The server does the batching, so :meth:`OpenAIChatAgent.act_batch` sends the batch's requests
-concurrently (up to ``concurrency`` at once, over pooled connections; see :mod:`.http`).
+The server does the batching. The agent answers each request on the engine loop (:mod:`hf_rollouts.aio`,
+:meth:`OpenAIChatAgent.answer`, which the rollout engine awaits), up to ``concurrency`` at once over pooled
+connections (:mod:`.http`); :meth:`~OpenAIChatAgent.act_batch` sends a batch's requests concurrently the same way.
+The sync entry points (``act``, ``act_batch``, ``negotiate``) wait for the loop from the calling thread.
 
 **Modes** (negotiated once per agent by :mod:`.negotiation`; ``describe()`` and
 ``fingerprint()`` record the outcome):
@@ -36,12 +38,13 @@ a rerun sends the same seeds whatever the batching; whether the server honours t
 
 from __future__ import annotations
 
+import asyncio
 import os
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import fields, replace
 from typing import Any
 
+from ...aio import ENGINE_LOOP
 from ...types import Action, AgentRequest, Message
 from ..base import Agent
 from ..sampling import SamplingConfig
@@ -105,10 +108,9 @@ class OpenAIChatAgent(Agent):
         self._setup()
 
     def _setup(self) -> None:
-        self._lock = threading.Lock()
-        self._negotiation_lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
         self._client: JSONClient | None = None
+        self._negotiation_lock: asyncio.Lock | None = None
+        self._pid = os.getpid()  # a forked child has its own engine loop: it builds its own client
 
     @classmethod
     def from_spec(
@@ -127,7 +129,7 @@ class OpenAIChatAgent(Agent):
     # -- pickling / lifetime -----------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_lock", "_negotiation_lock", "_pool", "_client"):
+        for key in ("_negotiation_lock", "_client", "_pid"):
             state.pop(key, None)
         return state
 
@@ -136,18 +138,17 @@ class OpenAIChatAgent(Agent):
         self._setup()
 
     def close(self) -> None:
-        """Stop the request threads and close pooled connections (a later call opens new ones).
+        """Close pooled connections (a later call opens new ones).
 
         Also forgets a failed probe, so the next request probes the server again.
         """
-        with self._lock:
-            pool, self._pool = self._pool, None
-            client, self._client = self._client, None
-            self._probe_failure = None
-        if pool is not None:
-            pool.shutdown(wait=True)
-        if client is not None:
-            client.close()
+        client, self._client = self._client, None
+        self._probe_failure = None
+        if client is not None and self._pid == os.getpid():
+            if ENGINE_LOOP.in_loop_thread():
+                asyncio.ensure_future(client.close())
+            else:
+                ENGINE_LOOP.call(client.close())
 
     def __enter__(self) -> OpenAIChatAgent:
         return self
@@ -155,19 +156,13 @@ class OpenAIChatAgent(Agent):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _executor(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    max_workers=self.settings.concurrency, thread_name_prefix="hf-rollouts-openai"
-                )
-            return self._pool
-
     def _http(self) -> JSONClient:
-        with self._lock:
-            if self._client is None:
-                self._client = JSONClient(self.settings, self._api_key, self._count)
-            return self._client
+        """The client (on the engine loop)."""
+        if self._pid != os.getpid():
+            self._setup()
+        if self._client is None:
+            self._client = JSONClient(self.settings, self._api_key, self._count)
+        return self._client
 
     def _count(self, key: str, n: int = 1) -> None:
         self.stats.count(key, n)
@@ -178,12 +173,21 @@ class OpenAIChatAgent(Agent):
 
         A failed probe is remembered until :meth:`close`: later calls raise its error at once.
         """
-        with self._negotiation_lock:
+        return self.capabilities if self.capabilities is not None else ENGINE_LOOP.call(self._negotiated())
+
+    async def _negotiated(self) -> Capabilities:
+        """:meth:`negotiate` on the engine loop (one probe however many requests ask at once)."""
+        if self.capabilities is not None:
+            return self.capabilities
+        self._http()
+        if self._negotiation_lock is None:
+            self._negotiation_lock = asyncio.Lock()
+        async with self._negotiation_lock:
             if self.capabilities is None:
                 if self._probe_failure is not None:
                     raise OpenAIRequestError(f"{self._probe_failure} (probe failed earlier; close() to probe again)")
                 try:
-                    self.capabilities = self._probe()
+                    self.capabilities = await self._probe()
                 except Exception as exc:
                     error = _failed(exc, None)
                     self._probe_failure = f"negotiation with {self.settings.base_url} failed: {error}"
@@ -192,7 +196,7 @@ class OpenAIChatAgent(Agent):
                     raise error from exc
             return self.capabilities
 
-    def _probe(self) -> Capabilities:
+    async def _probe(self) -> Capabilities:
         s, hello = self.settings, [{"role": "user", "content": "Hi"}]
         one = replace(self.sampling, max_new_tokens=1)
         seed = 0 if s.seed is not None else None
@@ -202,7 +206,7 @@ class OpenAIChatAgent(Agent):
             token_probe = completion_body(
                 s.model, prompt, one, seed=seed, stop_token_ids=self.stop_token_ids(), extra=s.extra_body
             )
-        return negotiate(
+        return await negotiate(
             self._http().post,
             self.settings,
             completions_url=self.completions_endpoint,
@@ -226,10 +230,10 @@ class OpenAIChatAgent(Agent):
         self._run_seed = seed
 
     def get_action(self, messages: list[Message], agent_state: Any = None) -> tuple[Action, Any]:
-        return self._single(AgentRequest(messages=list(messages), prompt_token_ids=[], agent_state=agent_state))
+        return self.act(AgentRequest(messages=list(messages), prompt_token_ids=[], agent_state=agent_state))
 
     def act(self, request: AgentRequest) -> tuple[Action, Any]:
-        return self._single(request)
+        return ENGINE_LOOP.call(self.answer(request))
 
     def act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any] | Exception]:
         """One request per entry, sent concurrently; answers in order.
@@ -237,42 +241,39 @@ class OpenAIChatAgent(Agent):
         Waits for every request. A request that failed for good is returned as its
         :class:`OpenAIRequestError` in its slot, so only that episode records the error.
         """
-        if not requests:
-            return []
+        return ENGINE_LOOP.call(self._answer_all(requests)) if requests else []
+
+    async def _answer_all(self, requests: list[AgentRequest]) -> list[tuple[Action, Any] | Exception]:
         try:
-            self.negotiate()
+            await self._negotiated()
         except OpenAIRequestError as exc:
             return [exc for _ in requests]
-        pool = self._executor()
-        futures = [pool.submit(self._answer, r) for r in requests]
-        results: list[tuple[Action, Any] | Exception] = []
-        for i, future in enumerate(futures):
-            try:
-                results.append((future.result(), requests[i].agent_state))
-            except Exception as exc:
-                results.append(_failed(exc, requests[i].session_id or i))
-        return results
+        answers = await asyncio.gather(*(self._answer(r) for r in requests), return_exceptions=True)
+        return [
+            _failed(a, r.session_id or i) if isinstance(a, BaseException) else (a, r.agent_state)
+            for i, (a, r) in enumerate(zip(answers, requests))
+        ]
 
     answers_per_request = True
 
     @property
     def concurrency(self) -> int:
-        """Requests in flight at once: the scheduler keeps this many episodes alive by default."""
+        """Requests in flight at once: the engine keeps this many episodes alive by default."""
         return self.settings.concurrency
 
+    async def answer(self, request: AgentRequest) -> tuple[Action, Any]:
+        """Answer one request on the engine loop; ``(action, agent_state)``, or :class:`OpenAIRequestError`."""
+        try:
+            await self._negotiated()
+            return await self._answer(request), request.agent_state
+        except OpenAIRequestError:
+            raise
+        except Exception as exc:
+            raise _failed(exc, request.session_id) from exc
+
     def submit(self, request: AgentRequest) -> Future:
-        """Send one request on the agent's pool now; the future holds ``(action, agent_state)``."""
-
-        def answer() -> tuple[Action, Any]:
-            try:
-                self.negotiate()
-                return self._answer(request), request.agent_state
-            except OpenAIRequestError:
-                raise
-            except Exception as exc:
-                raise _failed(exc, request.session_id) from exc
-
-        return self._executor().submit(answer)
+        """Send one request now (on the engine loop); the future holds ``(action, agent_state)``."""
+        return ENGINE_LOOP.submit(self.answer(request))
 
     def logprob_convention(self) -> dict[str, Any] | None:
         """What the stored log-probs are (:func:`~.sampling_params.logprob_convention`); ``None`` before negotiation."""
@@ -337,23 +338,22 @@ class OpenAIChatAgent(Agent):
             s.model, request.messages, self.sampling, seed=self.request_seed(request), extra=s.extra_body, caps=caps
         )
 
-    def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body``; neutral sampling fields the server rejects by name are dropped for good (not a failure)."""
-        data, dropped = post_dropping(self._http().post, url, body, (*NEUTRAL_FIELDS, STOP_TEXT_FIELD))
+        data, dropped = await post_dropping(self._http().post, url, body, (*NEUTRAL_FIELDS, STOP_TEXT_FIELD))
         if dropped:
-            with self._lock:
-                caps = self.capabilities
-                new = tuple(f for f in dict.fromkeys(dropped) if caps.sends(f))
-                self.capabilities = replace(caps, dropped=caps.dropped + new)
+            caps = self.capabilities
+            new = tuple(f for f in dict.fromkeys(dropped) if caps.sends(f))
+            self.capabilities = replace(caps, dropped=caps.dropped + new)
         return data
 
-    def _answer(self, request: AgentRequest) -> Action:
+    async def _answer(self, request: AgentRequest) -> Action:
         self._count("requests")
         try:
-            caps = self.negotiate()
+            caps = await self._negotiated()
             if caps.mode == "tokens":
-                return self._answer_tokens(request, caps)
-            data = self._post(self.endpoint, self.request_body(request))
+                return await self._answer_tokens(request, caps)
+            data = await self._post(self.endpoint, self.request_body(request))
             return chat_action(
                 data,
                 request,
@@ -367,7 +367,7 @@ class OpenAIChatAgent(Agent):
             self._count("failures")
             raise
 
-    def _answer_tokens(self, request: AgentRequest, caps: Capabilities) -> Action:
+    async def _answer_tokens(self, request: AgentRequest, caps: Capabilities) -> Action:
         if not request.prompt_token_ids:  # get_action: no stored sequence, render the messages once
             if self.tokenizer is None:
                 raise OpenAIRequestError("token mode needs prompt ids or a tokenizer to render the messages.")
@@ -377,7 +377,7 @@ class OpenAIChatAgent(Agent):
                 agent_state=request.agent_state,
                 session_id=request.session_id,
             )
-        data = self._post(self.completions_endpoint, self.request_body(request))
+        data = await self._post(self.completions_endpoint, self.request_body(request))
         where = f"POST {self.completions_endpoint}"
         action, checked = completion_action(
             data, request, caps, tokenizer=self.tokenizer, where=where, stop=self.sampling.stop

@@ -11,10 +11,12 @@ Built on ``httpx2`` (pydantic's maintained ``httpx`` fork, already installed as 
 
 **Total deadline.** httpx's timeouts bound each socket operation, so a server that trickles one
 byte at a time (of its status line, its headers or its body) would never trip them. Each attempt
-here has one deadline, ``timeout`` seconds from the moment it is sent: the client's network
-backend (:class:`_DeadlineBackend`, installed in every connection pool of the client) cuts the
-timeout of every connect, write and read to the time left, so the attempt ends at its deadline
-whichever phase the server stalls in.
+here has one deadline, ``timeout`` seconds from the moment it is sent (``asyncio.timeout`` around the
+whole attempt: connect, send, status line, headers, body), so it ends at its deadline whichever
+phase the server stalls in, on whichever connection (proxied or not).
+
+**Where it runs.** The client is async (``httpx2.AsyncClient``) and lives on the engine loop
+(:mod:`hf_rollouts.aio`), where the rollout engine awaits each request: no thread per request.
 
 **Retries.** Connection errors, timeouts, a missed deadline, HTTP 429 and 5xx, and a 200 whose
 body is not a JSON object are retried ``max_retries`` times with exponential backoff (``backoff *
@@ -25,16 +27,13 @@ another 4xx raises :class:`~.settings.OpenAIHTTPError` at once, with the server'
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
-import threading
-import time
 import urllib.parse
-import warnings
 from collections.abc import Callable
 from typing import Any
 
-import httpcore2
 import httpx2
 
 from .settings import OpenAIHTTPError, OpenAIRequestError, OpenAISettings
@@ -70,96 +69,11 @@ def error_message(raw: bytes | str) -> str:
     return text[:500] + ("..." if len(text) > 500 else "")
 
 
-class _DeadlineExceeded(Exception):
-    pass
-
-
-class _Deadline(threading.local):
-    """The deadline of the attempt the current thread is making (``at`` is ``None`` between attempts)."""
-
-    at: float | None = None
-
-    def call(self, io: Callable[[float | None], Any], timeout: float | None) -> Any:
-        """``io(timeout)`` with ``timeout`` cut to the time left; past the deadline, :class:`_DeadlineExceeded`."""
-        if self.at is None:
-            return io(timeout)
-        left = self.at - time.monotonic()
-        if left <= 0:
-            raise _DeadlineExceeded
-        try:
-            return io(left if timeout is None else min(timeout, left))
-        except httpcore2.TimeoutException:
-            if time.monotonic() >= self.at:
-                raise _DeadlineExceeded from None
-            raise
-
-
-class _DeadlineStream(httpcore2.NetworkStream):
-    """A connection whose every read and write ends by the current attempt's deadline."""
-
-    def __init__(self, inner: httpcore2.NetworkStream, deadline: _Deadline) -> None:
-        self._inner, self._deadline = inner, deadline
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._deadline.call(lambda t: self._inner.read(max_bytes, t), timeout)
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._deadline.call(lambda t: self._inner.write(buffer, t), timeout)
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
-        tls = self._deadline.call(lambda t: self._inner.start_tls(ssl_context, server_hostname, t), timeout)
-        return _DeadlineStream(tls, self._deadline)
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._inner.get_extra_info(info)
-
-
-class _DeadlineBackend(httpcore2.NetworkBackend):
-    """httpcore's network backend, with every connection it opens a :class:`_DeadlineStream`."""
-
-    def __init__(self, inner: httpcore2.NetworkBackend, deadline: _Deadline) -> None:
-        self._inner, self._deadline = inner, deadline
-
-    def connect_tcp(
-        self, host: str, port: int, timeout: float | None = None, local_address: Any = None, socket_options: Any = None
-    ) -> httpcore2.NetworkStream:
-        connect = self._inner.connect_tcp
-        stream = self._deadline.call(lambda t: connect(host, port, t, local_address, socket_options), timeout)
-        return _DeadlineStream(stream, self._deadline)
-
-    def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Any = None
-    ) -> httpcore2.NetworkStream:
-        stream = self._deadline.call(lambda t: self._inner.connect_unix_socket(path, t, socket_options), timeout)
-        return _DeadlineStream(stream, self._deadline)
-
-    def sleep(self, seconds: float) -> None:
-        self._inner.sleep(seconds)
-
-
-def _install_deadline(client: httpx2.Client, deadline: _Deadline) -> bool:
-    """Put :class:`_DeadlineBackend` under every connection pool of ``client``; ``False`` if one has none."""
-    installed = True
-    for transport in [client._transport, *client._mounts.values()]:  # the default transport and proxy mounts
-        if transport is None:  # a mount that disables proxying for some hosts
-            continue
-        pool = getattr(transport, "_pool", None)
-        if pool is None or not isinstance(getattr(pool, "_network_backend", None), httpcore2.NetworkBackend):
-            installed = False
-            continue
-        if not isinstance(pool._network_backend, _DeadlineBackend):
-            pool._network_backend = _DeadlineBackend(pool._network_backend, deadline)
-    return installed
-
-
 class JSONClient:
-    """POSTs JSON bodies to one server and returns JSON objects (see the module docstring).
+    """POSTs JSON bodies to one server and returns JSON objects (see the module docstring), on the engine loop.
 
-    ``count(key)`` is called for ``"attempts"`` and ``"retries"``. Thread-safe; not picklable
-    (the agent rebuilds it).
+    ``count(key)`` is called for ``"attempts"`` and ``"retries"``. Its connections belong to the loop it is used on
+    (the engine loop, :mod:`hf_rollouts.aio`); not picklable (the agent rebuilds it).
     """
 
     def __init__(self, settings: OpenAISettings, api_key: str | None, count: Callable[[str], None]) -> None:
@@ -169,25 +83,18 @@ class JSONClient:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         n = settings.concurrency
-        self._client = httpx2.Client(
+        self._client = httpx2.AsyncClient(
             follow_redirects=False,
             trust_env=not is_loopback(settings.base_url),
             limits=httpx2.Limits(max_connections=n, max_keepalive_connections=n),
             timeout=httpx2.Timeout(settings.timeout),
         )
-        self._deadline = _Deadline()
-        self.total_deadline = _install_deadline(self._client, self._deadline)
-        if not self.total_deadline:  # an httpx2 whose transports are built differently
-            warnings.warn(
-                "hf_rollouts could not install its per-attempt deadline in this httpx2 version: a server that "
-                f"trickles bytes is bounded only per read ({settings.timeout}s).",
-                stacklevel=2,
-            )
+        self._slots: asyncio.Semaphore | None = None  # ``concurrency`` attempts in flight; the rest wait, uncharged
 
-    def close(self) -> None:
-        self._client.close()
+    async def close(self) -> None:
+        await self._client.aclose()
 
-    def post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` to ``url`` with retries; the decoded JSON object, or :class:`OpenAIRequestError`."""
         s = self.settings
         last_error, retry_after = "", None
@@ -198,11 +105,15 @@ class JSONClient:
                 if retry_after is not None:
                     delay = min(s.max_backoff, max(delay, retry_after))
                 self._count("retries")
-                time.sleep(delay)
-            self._count("attempts")
+                await asyncio.sleep(delay)
+            if self._slots is None:
+                self._slots = asyncio.Semaphore(s.concurrency)
             try:
-                status, headers, raw = self._attempt(url, body)
-            except _DeadlineExceeded:
+                async with self._slots:
+                    self._count("attempts")
+                    async with asyncio.timeout(s.timeout):  # the deadline, whatever phase the server stalls in
+                        status, headers, raw = await self._attempt(url, body)
+            except TimeoutError:
                 last_error = (
                     f"timed out: the answer did not complete within the {s.timeout}s deadline "
                     "(a slow or trickling server?)"
@@ -249,14 +160,10 @@ class JSONClient:
             f"({s.max_retries} retries, deadline {s.timeout}s each): {last_error}"
         )
 
-    def _attempt(self, url: str, body: dict[str, Any]) -> tuple[int, httpx2.Headers, bytes]:
-        """One POST, from sending the request to the last byte of the answer within ``timeout`` seconds."""
-        self._deadline.at = time.monotonic() + self.settings.timeout
-        try:
-            with self._client.stream("POST", url, json=body, headers=self._headers) as response:
-                return response.status_code, response.headers, response.read()
-        finally:
-            self._deadline.at = None
+    async def _attempt(self, url: str, body: dict[str, Any]) -> tuple[int, httpx2.Headers, bytes]:
+        """One POST, from sending the request to the last byte of the answer."""
+        async with self._client.stream("POST", url, json=body, headers=self._headers) as response:
+            return response.status_code, response.headers, await response.aread()
 
     def _hint(self, status: int) -> str:
         s = self.settings

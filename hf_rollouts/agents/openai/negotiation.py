@@ -24,7 +24,7 @@ Explicit settings win: ``mode="tokens"`` or ``mode="chat"`` with ``request_token
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -43,7 +43,7 @@ OPTIONAL_FIELDS = (
 )
 """Request fields a server may lack; the probe drops each one the server names in a 400/422."""
 
-Post = Callable[[str, dict[str, Any]], dict[str, Any]]
+Post = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def _named_fields(detail: str, sent: dict[str, Any], droppable: tuple[str, ...])
     return [f for f in droppable if f in sent and re.search(rf"(?<![\w]){re.escape(f)}(?![\w])", detail)]
 
 
-def post_dropping(
+async def post_dropping(
     post: Post,
     url: str,
     body: dict[str, Any],
@@ -98,7 +98,7 @@ def post_dropping(
     while True:
         before()
         try:
-            return post(url, body), dropped
+            return await post(url, body), dropped
         except OpenAIHTTPError as exc:
             named = _named_fields(exc.detail, body, droppable) if exc.status in (400, 422) else []
             if not named or _named_fields(exc.detail, dict.fromkeys(fatal, 1), fatal):
@@ -108,7 +108,7 @@ def post_dropping(
                 dropped.append(f)
 
 
-def _probe(
+async def _probe(
     post: Post,
     url: str,
     body: dict[str, Any],
@@ -118,13 +118,15 @@ def _probe(
 ) -> tuple[dict[str, Any] | None, list[str], str]:
     """:func:`post_dropping` for a probe: ``(answer or None, dropped, why not)``; an HTTP error gives ``None``."""
     try:
-        data, dropped = post_dropping(post, url, body, droppable, fatal=fatal, before=lambda: count("probe_requests"))
+        data, dropped = await post_dropping(
+            post, url, body, droppable, fatal=fatal, before=lambda: count("probe_requests")
+        )
     except OpenAIHTTPError as exc:
         return None, [], f"HTTP {exc.status} from {url}: {exc.detail[:200]}"
     return data, dropped, ""
 
 
-def negotiate(
+async def negotiate(
     post: Post,
     settings: OpenAISettings,
     *,
@@ -160,7 +162,9 @@ def negotiate(
         notes.append("token mode needs the env tokenizer (pass tokenizer=)")
     else:
         body = {k: v for k, v in token_probe.items() if k not in explicit_off}
-        data, dropped, why = _probe(post, completions_url, body, droppable, count, fatal=("return_token_ids", "prompt"))
+        data, dropped, why = await _probe(
+            post, completions_url, body, droppable, count, fatal=("return_token_ids", "prompt")
+        )
         choice = (data.get("choices") or [None])[0] if isinstance(data, dict) else None
         ids = int_list(choice.get("token_ids")) if isinstance(choice, dict) else None
         if ids:
@@ -177,7 +181,7 @@ def negotiate(
             )
         notes.append(why or "the /v1/completions probe answered 200 without choices[0].token_ids")
     body = {k: v for k, v in chat_probe.items() if k not in explicit_off}
-    data, dropped, why = _probe(post, chat_url, body, droppable, count)
+    data, dropped, why = await _probe(post, chat_url, body, droppable, count)
     if data is None:
         raise OpenAIRequestError(f"the server rejected the chat probe ({why}); check base_url, model and extra_body.")
     choice = (data.get("choices") or [None])[0]

@@ -1,10 +1,11 @@
 """vLLM's engine in-process as an agent: one engine request per episode turn, token-in / token-out.
 
 :class:`VLLMAgent` owns a vLLM ``AsyncLLM`` (``vllm.AsyncLLMEngine``, vLLM's V1 async engine; 0.32's
-``vllm/v1/engine/async_llm.py``) running on an event loop in a thread of its own. It is a *per-request* agent
-(``answers_per_request``): the rollout scheduler :meth:`~VLLMAgent.submit` s each turn the moment its episode
-produces it, and vLLM's continuous batching (with prefix caching: turn k+1 of an episode extends turn k's ids, so
-only the new tokens are prefilled) sees a steady stream of requests, without an HTTP server in between.
+``vllm/v1/engine/async_llm.py``) running on the engine loop (:mod:`hf_rollouts.aio`), the loop the rollout engine
+awaits everything on: no loop thread of its own. It is a *per-request* agent (``answers_per_request``): the engine
+awaits :meth:`~VLLMAgent.answer` for each turn the moment its episode produces it, and vLLM's continuous
+batching (with prefix caching: turn k+1 of an episode extends turn k's ids, so only the new tokens are prefilled)
+sees a steady stream of requests, without an HTTP server in between.
 
 **Contract of each answer** (a request that breaks it fails only its own episode, as ``error``):
 
@@ -44,7 +45,6 @@ the engine down.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import threading
@@ -55,6 +55,7 @@ from dataclasses import asdict, fields
 from types import SimpleNamespace
 from typing import Any
 
+from ...aio import ENGINE_LOOP
 from ...chat import ChatDelta
 from ...seeding import derive_seed
 from ...types import Action, AgentRequest, Message
@@ -90,7 +91,7 @@ class VLLMRequestError(RuntimeError):
 def import_vllm() -> SimpleNamespace:
     """vLLM's version and the classes the agent uses, or :class:`VLLMUnavailableError` saying how to set it up.
 
-    The agent calls it on its engine thread (see :meth:`VLLMAgent._start`): importing vLLM's modules keeps the
+    The agent calls it on the engine loop (see :meth:`VLLMAgent._start`): importing vLLM's modules keeps the
     frames of the importing stack alive (a reference held inside vLLM or torch at import time), so the import must
     not run in a frame that holds the agent, or the agent and its engine would never be freed.
     """
@@ -181,7 +182,6 @@ class VLLMAgent(Agent):
         self.stop_ids = stop_token_ids(self.chat, _generation_eos(s))
         self._run_seed = s.seed
         self.stats = _Stats()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._engine: Any = None
         self._start()
 
@@ -198,20 +198,14 @@ class VLLMAgent(Agent):
         goes to ``engine_kwargs`` (as :meth:`VLLMSettings.from_dict`)."""
         return cls(VLLMSettings.from_dict(parse_vllm_spec(spec), options), sampling=sampling, tokenizer=tokenizer)
 
-    # -- the engine and its loop --------------------------------------------------------------------------
+    # -- the engine -----------------------------------------------------------------------------------------
     def _start(self) -> None:
-        """Start the loop thread, then import vLLM and build the engine there (see :func:`import_vllm`)."""
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, name="hf-rollouts-vllm", daemon=True)
-        thread.start()
-        try:
-            self._vllm = asyncio.run_coroutine_threadsafe(_imported(), loop).result()
-            engine = asyncio.run_coroutine_threadsafe(_built(self._vllm, self.settings.engine_args()), loop).result()
-        except BaseException:
-            _stop_loop(loop, thread)
-            raise
+        """Import vLLM and build the engine on the engine loop (see :func:`import_vllm`), so its output handler runs
+        there. The build blocks the loop while the model loads (the agent is built before any run)."""
+        self._vllm = ENGINE_LOOP.call(_imported())
+        engine = ENGINE_LOOP.call(_built(self._vllm, self.settings.engine_args()))
         self.vllm_version = self._vllm.version
-        self._loop, self._thread, self._engine = loop, thread, engine
+        self._engine = engine
         config = engine.vllm_config
         self.max_model_len = int(config.model_config.max_model_len)
         self.engine_config = {  # as vLLM resolved them (the card shows these)
@@ -227,10 +221,10 @@ class VLLMAgent(Agent):
             "max_num_seqs": config.scheduler_config.max_num_seqs,
             "logprobs_mode": str(config.model_config.logprobs_mode),
         }
-        self._finalizer = weakref.finalize(self, _shutdown, engine, loop, thread)
+        self._finalizer = weakref.finalize(self, _shutdown, engine)
 
     def close(self) -> None:
-        """Shut the engine down (its processes end) and stop the loop thread. Idempotent."""
+        """Shut the engine down (its processes end). Idempotent."""
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()
@@ -277,21 +271,23 @@ class VLLMAgent(Agent):
                 out.append(exc)
         return out
 
+    async def answer(self, request: AgentRequest) -> tuple[Action, Any]:
+        """Answer one request on the engine loop; ``(action, agent_state)``, or a :class:`VLLMRequestError` (or
+        :class:`~hf_rollouts.agents.hf.agent.ContextLengthError`)."""
+        if self._engine is None:
+            raise VLLMRequestError("the VLLMAgent was closed; build a new one.")
+        return await self._answer(request)
+
     def submit(self, request: AgentRequest) -> Future:
-        """Hand one request to the engine now; the future holds ``(action, agent_state)`` or a
-        :class:`VLLMRequestError` (or :class:`~hf_rollouts.agents.hf.agent.ContextLengthError`)."""
-        if self._engine is None or self._loop is None:
-            future: Future = Future()
-            future.set_exception(VLLMRequestError("the VLLMAgent was closed; build a new one."))
-            return future
-        return asyncio.run_coroutine_threadsafe(self._answer(request), self._loop)
+        """Hand one request to the engine now; the future holds what :meth:`answer` returns."""
+        return ENGINE_LOOP.submit(self.answer(request))
 
     def reset_prefix_cache(self) -> bool:
         """Drop vLLM's prefix cache (e.g. after new weights were loaded into the engine, whose cached KV would be
         stale; or between benchmark repeats). ``True`` when the engine reset it (it refuses while requests run)."""
-        if self._engine is None or self._loop is None:
+        if self._engine is None:
             raise VLLMRequestError("the VLLMAgent was closed; build a new one.")
-        return bool(asyncio.run_coroutine_threadsafe(self._engine.reset_prefix_cache(), self._loop).result())
+        return bool(ENGINE_LOOP.call(self._engine.reset_prefix_cache()))
 
     def request_seed(self, request: AgentRequest) -> int:
         """The seed of ``request``'s sampling: its own, else one from the agent's seed, its session and its turn."""
@@ -499,7 +495,7 @@ CPU_DEFAULT_BLOCK_SIZE = 128
 
 
 async def _built(vllm: SimpleNamespace, engine_args: dict[str, Any]) -> Any:
-    """The engine, built on its loop (so its output handler starts there).
+    """The engine, built on the engine loop (so its output handler starts there).
 
     On vLLM's CPU backend, chunked prefill is switched off unless ``engine_args`` say otherwise: vLLM 0.32 rewinds a
     seeded request's generator when it discards the token sampled during a partial (chunked) prefill, which CPU
@@ -522,26 +518,17 @@ async def _built(vllm: SimpleNamespace, engine_args: dict[str, Any]) -> Any:
     return vllm.AsyncLLMEngine.from_engine_args(args)
 
 
-def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=30)
-    if not thread.is_alive():
-        loop.close()
-
-
-def _shutdown(engine: Any, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
-    """Shut ``engine`` down on its loop, then stop the loop (a ``weakref.finalize`` callback: no reference to the
-    agent, so it runs on :meth:`VLLMAgent.close`, on garbage collection and at interpreter exit)."""
+def _shutdown(engine: Any) -> None:
+    """Shut ``engine`` down on the engine loop (a ``weakref.finalize`` callback: no reference to the agent, so it runs
+    on :meth:`VLLMAgent.close`, on garbage collection and at interpreter exit)."""
 
     async def down() -> None:
         engine.shutdown()
 
     try:
-        if loop.is_running():
-            asyncio.run_coroutine_threadsafe(down(), loop).result(timeout=60)
-        else:
+        if ENGINE_LOOP.in_loop_thread() or not ENGINE_LOOP.loop().is_running():
             engine.shutdown()
+        else:
+            ENGINE_LOOP.call(down(), 60)
     except Exception:
         pass  # the engine's own finalizers end its processes
-    if loop.is_running():
-        _stop_loop(loop, thread)

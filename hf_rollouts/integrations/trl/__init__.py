@@ -22,7 +22,7 @@ How it fits TRL (facts read from trl 1.16's ``grpo_trainer.py``):
   row index, so identical tasks still get distinct prompts). TRL hands the rollout function the
   raw prompts of its generation batch, each already repeated ``num_generations`` times.
 * The rollout function plays **one complete episode per received prompt**, all of them at once
-  through :func:`hf_rollouts.rollout.run_episodes`, and returns one row per prompt:
+  through :func:`hf_rollouts.rollout.play_groups`, and returns one row per prompt:
   ``prompt_ids`` (the episode's first prompt), ``completion_ids`` (everything after it, agent and
   env tokens), ``logprobs`` (``log_softmax(logits / args.temperature)`` of each agent token, 0 on
   env tokens: the quantity TRL recomputes), ``env_mask`` (1 on agent tokens, which alone get
@@ -73,7 +73,15 @@ from __future__ import annotations
 
 from .agents import TrainerPolicyAgent, TRLSampling, VLLMServerAgent, generation_mode, stop_token_ids
 from .dataset import PROMPT_KEY, task_from_prompt, to_trl_dataset
-from .rollout import EXTRA_FIELDS, RolloutFunc, TRLRolloutOptions, env_reward, episode_to_trl_row, make_rollout_func
+from .rollout import (
+    EXTRA_FIELDS,
+    RolloutFunc,
+    TRLRolloutOptions,
+    env_reward,
+    episode_to_trl_row,
+    make_rollout_func,
+    shuffled_env_reward,
+)
 
 __all__ = [
     "EXTRA_FIELDS",
@@ -87,6 +95,7 @@ __all__ = [
     "episode_to_trl_row",
     "generation_mode",
     "make_rollout_func",
+    "shuffled_env_reward",
     "stop_token_ids",
     "task_from_prompt",
     "to_trl_dataset",

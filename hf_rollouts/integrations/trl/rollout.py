@@ -12,8 +12,9 @@ from transformers import PreTrainedTokenizerBase
 from ...agents.base import Agent
 from ...envs.base import MultistepEnv
 from ...envs.registry import validate_tasks
-from ...rollout import DEFAULT_ENV_WORKERS, apply_group_rewards, episode_jobs, run_episodes
+from ...rollout import DEFAULT_ENV_WORKERS, EpisodeJob, GroupJob, play_groups
 from ...schema import TaskValidationError, to_task_dataset
+from ...types import Episode
 from .agents import TrainerPolicyAgent, TRLSampling, VLLMServerAgent, generation_mode, stop_token_ids, vllm_client
 from .dataset import task_from_prompt
 
@@ -54,26 +55,26 @@ class TRLRolloutOptions:
                 raise ValueError(f"{name} must be > 0 seconds or None, got {value!r}.")
 
 
-def group_rewards(played: list[tuple[Any, Any, dict[str, Any]]], episodes: list[dict[str, Any]]) -> list[dict]:
-    """``episodes`` with the env's group rewards applied (:func:`~hf_rollouts.rollout.apply_group_rewards`) over
-    each run of consecutive prompts of the same task row and env: GRPOTrainer repeats each prompt
-    ``num_generations`` times in a row, so a run is one GRPO group (the part of it this process plays)."""
-    out: list[dict[str, Any]] = []
-    keys = [(id(env), row) for env, row, _ in played]
+def prompt_groups(played: list[tuple[Any, Any, EpisodeJob]]) -> list[GroupJob]:
+    """One group per run of consecutive prompts of the same task row and env (``played``: ``(env, row, job)`` per
+    prompt): GRPOTrainer repeats each prompt ``num_generations`` times in a row, so a run is one GRPO group (the part
+    of it this process plays), and the env's group rewards are computed over it."""
+    groups: list[GroupJob] = []
     start = 0
     for end in range(1, len(played) + 1):
-        if end == len(played) or keys[end] != keys[start]:
-            env, _, task_data = played[start]
-            out += apply_group_rewards(env, task_data, episodes[start:end])
+        if end == len(played) or played[end][:2] != played[start][:2]:
+            env, _, job = played[start]
+            groups.append(GroupJob(env, job.task_data, tuple(j for _, _, j in played[start:end])))
             start = end
-    return out
+    return groups
 
 
 class RolloutFunc:
     """``rollout_func(prompts, trainer)`` for ``GRPOTrainer``; see :mod:`hf_rollouts.integrations.trl`.
 
     ``calls`` counts calls; ``last_episodes`` holds the last call's unpadded episode dicts (one per
-    prompt, in order) and ``last_agent`` the agent that played them, for inspection.
+    prompt, in order; :meth:`~hf_rollouts.types.Episode.to_dict`) and ``last_agent`` the agent that played them, for
+    inspection.
     """
 
     def __init__(self, options: TRLRolloutOptions) -> None:
@@ -87,23 +88,28 @@ class RolloutFunc:
         self.calls += 1
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         sampling = TRLSampling.from_args(trainer.args, self.options.max_new_tokens)
-        jobs, played = [], []
+        played = []
         for i, prompt in enumerate(prompts):  # one episode per entry: TRL already repeated each prompt G times
             row, task = task_from_prompt(prompt, f"prompt {i}")
             env = self._env(tokenizer, task, f"prompt {i} (task row {row})")
-            jobs += episode_jobs(env, [task["task_data"]], 1, prefix=f"trl-call{self.calls}/prompt{i}/", start=i)
-            played.append((env, row, task["task_data"]))
+            played.append(
+                (env, row, EpisodeJob(env, task["task_data"], f"trl-call{self.calls}/prompt{i}/task0/rollout0", i))
+            )
         if getattr(trainer.args, "use_vllm", False):
             stops = stop_token_ids(tokenizer, trainer.model)
             self.last_agent = VLLMServerAgent(vllm_client(trainer), tokenizer, sampling, stops)
-            episodes = run_episodes(jobs, self.last_agent, **self._run_kw)
+            groups = play_groups(prompt_groups(played), self.last_agent, **self._run_kw)
         else:
             with generation_mode(trainer) as model:
                 self.last_agent = TrainerPolicyAgent(model, tokenizer, sampling)
-                episodes = run_episodes(jobs, self.last_agent, **self._run_kw)
-        self.last_episodes = episodes = group_rewards(played, episodes)
+                groups = play_groups(prompt_groups(played), self.last_agent, **self._run_kw)
+        episodes = [episode for group in groups for episode in group.episodes]
+        self.last_episodes = [episode.to_dict() for episode in episodes]
         pad = tokenizer.pad_token_id
-        rows = [{**episode_to_trl_row(ep, pad), "env_session_id": job.session_id} for ep, job in zip(episodes, jobs)]
+        rows = [
+            {**episode_to_trl_row(ep, pad), "env_session_id": job.session_id}
+            for ep, (_, _, job) in zip(episodes, played)
+        ]
         keys = ("prompt_ids", "completion_ids", "logprobs", "env_mask", *EXTRA_FIELDS)
         return {key: [r[key] for r in rows] for key in keys}
 
@@ -113,7 +119,7 @@ class RolloutFunc:
         return {
             "max_concurrency": o.max_concurrency,
             "on_error": "record",
-            "step_timeout": o.step_timeout,  # env_config's own limits win (see hf_rollouts.rollout.scheduler)
+            "step_timeout": o.step_timeout,  # env_config's own limits win (see hf_rollouts.rollout.engine)
             "episode_timeout": o.episode_timeout,
             "env_workers": o.env_workers,
         }
@@ -134,13 +140,13 @@ class RolloutFunc:
         return self._envs[key]
 
 
-def episode_to_trl_row(episode: dict[str, Any], pad_id: int) -> dict[str, Any]:
-    """One rollout-function row from an unpadded episode dict (see :mod:`hf_rollouts.integrations.trl`)."""
-    ids, mask = list(episode["full_token_ids"]), list(episode["agent_token_mask"])
-    logprobs = episode["logprobs"]
+def episode_to_trl_row(episode: Episode, pad_id: int) -> dict[str, Any]:
+    """One rollout-function row from an unpadded episode (see :mod:`hf_rollouts.integrations.trl`)."""
+    ids, mask = list(episode.full_token_ids), list(episode.agent_token_mask)
+    logprobs = episode.logprobs
     if logprobs is None:  # an agent that reports none: NaN on agent tokens (TRL ignores NaN), 0 elsewhere
         logprobs = [math.nan if m else 0.0 for m in mask]
-    turns = episode["turns"]
+    turns = episode.turns
     start = turns[0].start if turns else len(ids)
     completion, env_mask, lps = ids[start:], mask[start:], [float(x) for x in logprobs[start:]]
     if not completion:  # TRL reads completion_ids[-1]: one pad token, never trained on
@@ -150,11 +156,11 @@ def episode_to_trl_row(episode: dict[str, Any], pad_id: int) -> dict[str, Any]:
         "completion_ids": completion,
         "logprobs": lps,
         "env_mask": env_mask,
-        "env_final_reward": float(episode["final_reward"]),
-        "env_status": episode["status"],
-        "env_error": episode["error"],
-        "env_num_turns": int(episode["num_turns"]),
-        "env_messages": episode["messages"],
+        "env_final_reward": float(episode.final_reward),
+        "env_status": episode.status,
+        "env_error": episode.error,
+        "env_num_turns": int(episode.num_turns),
+        "env_messages": episode.messages,
     }
 
 
@@ -163,7 +169,7 @@ def make_rollout_func(**options: Any) -> RolloutFunc:
 
     Sampling (temperature, top_p, top_k, min_p, repetition_penalty) comes from ``trainer.args``.
     Time limits (``step_timeout``, ``episode_timeout``) are the engine's defaults: a row's own
-    ``env_config`` limits win (see :mod:`hf_rollouts.rollout.scheduler`).
+    ``env_config`` limits win (see :mod:`hf_rollouts.rollout.engine`).
     """
     known = {f.name for f in fields(TRLRolloutOptions)}
     unknown = sorted(set(options) - known)
@@ -192,3 +198,24 @@ def env_reward(
         None if status == "error" or not math.isfinite(reward) else float(reward)
         for reward, status in zip(env_final_reward, env_status)
     ]
+
+
+def shuffled_env_reward(num_generations: int, seed: int):
+    """A reward function for a control run: :func:`env_reward`, then each group's rewards shuffled among its
+    rollouts (``random.Random(seed)``). GRPOTrainer puts a prompt's ``num_generations`` completions next to each other
+    (per process), so each block of that many is a group: its mean and spread stay, the link between a completion and
+    its reward goes, and the updates no longer follow the reward. TRL logs the shuffled rewards, whose group means are
+    the real ones."""
+    import random
+
+    rng = random.Random(seed)
+
+    def shuffled_env_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+        rewards = env_reward(prompts, completions, **kwargs)
+        for start in range(0, len(rewards), num_generations):
+            group = rewards[start : start + num_generations]
+            rng.shuffle(group)
+            rewards[start : start + num_generations] = group
+        return rewards
+
+    return shuffled_env_reward

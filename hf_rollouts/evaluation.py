@@ -1,0 +1,102 @@
+"""Held-out evaluation: an agent's success rate on task rows, with a 95% Wilson interval, through the pipeline.
+
+The training scripts (``scripts/train_grpo.py``, ``scripts/train_trl.py``) evaluate the policy before and after
+training on the same held-out rows with the same seed, so the two figures differ only by the weights.
+
+*Success* is the rollout-statistics definition (:mod:`hf_rollouts.publish.stats`): status ``done`` and final reward
+> 0; ``error`` episodes count as failures and are reported apart. The interval treats the episodes as independent
+Bernoulli trials; with several rollouts per task they are not quite (rollouts of one task are correlated), so give
+each held-out task one rollout where the interval matters.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset
+
+from .agents.base import Agent
+from .pipeline import generate_rollouts
+from .publish.stats import compute_stats
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (default 95%); ``(nan, nan)`` for ``n == 0``."""
+    if n <= 0:
+        return math.nan, math.nan
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class Evaluation:
+    """Success on a set of rows: ``successes`` of ``episodes`` (errors included as failures), the 95% Wilson
+    interval ``[low, high]``, the mean final reward (errors excluded), the share of episodes that called a tool,
+    tool calls per episode, and the seconds the rollouts took."""
+
+    success: float
+    low: float
+    high: float
+    successes: int
+    episodes: int
+    errors: int
+    mean_reward: float
+    tool_rate: float
+    tool_calls_per_episode: float
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        tools = f", tool use {self.tool_rate:.3f}" if self.tool_rate > 0 else ""
+        return (
+            f"success {self.success:.3f} [{self.low:.3f}, {self.high:.3f}] ({self.successes}/{self.episodes}, "
+            f"{self.errors} errors{tools}, {self.seconds:.0f} s)"
+        )
+
+
+def evaluation_of(rollouts: Dataset, seconds: float = math.nan) -> Evaluation:
+    """An :class:`Evaluation` of a rollout dataset already generated."""
+    stats = compute_stats(rollouts)
+    n = stats.rollouts
+    successes = round(stats.solve_rate * n) if n else 0
+    low, high = wilson_interval(successes, n)
+    return Evaluation(
+        success=successes / n if n else math.nan,
+        low=low,
+        high=high,
+        successes=successes,
+        episodes=n,
+        errors=stats.errors,
+        mean_reward=stats.mean_final_reward,
+        tool_rate=stats.rollouts_with_tool_calls / n if n else math.nan,
+        tool_calls_per_episode=stats.tool_calls / n if n else math.nan,
+        seconds=seconds,
+    )
+
+
+def evaluate_agent(
+    tasks: Dataset, agent: Agent, num_rollouts: int = 1, *, seed: int, cache_dir: str | Path, **options: Any
+) -> Evaluation:
+    """Play ``num_rollouts`` episodes of every row with ``agent`` (never from a cache: the agent's weights may have
+    changed under the same fingerprint) and return their :class:`Evaluation`. ``options`` go to
+    :func:`~hf_rollouts.pipeline.generate_rollouts`."""
+    start = time.perf_counter()
+    rollouts = generate_rollouts(
+        tasks,
+        agent,
+        num_rollouts,
+        seed=seed,
+        cache_dir=cache_dir,
+        load_from_cache_file=False,
+        progress=False,
+        **options,
+    )
+    return evaluation_of(rollouts, time.perf_counter() - start)

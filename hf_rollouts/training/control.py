@@ -1,0 +1,29 @@
+"""The control run of a learning experiment: the same updates, with the rewards' link to the rollouts cut."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from typing import Any
+
+
+def shuffle_advantages(dataset: Any, seed: int) -> Any:
+    """``dataset`` (flattened rows of :func:`~.data.prepare_rollouts`, with ``group_id`` and ``advantage``) with each
+    group's advantages permuted among its rollouts by a ``random.Random(seed)``.
+
+    A group's advantages keep their values, mean and spread, so a control run takes updates of the same size as the
+    real one; only which rollout gets which advantage is random, so the updates no longer follow the reward. With
+    GRPO's group-normalised advantages this is the same as shuffling the rewards within each group.
+    """
+    rng = random.Random(seed)
+    groups: dict[Any, list[int]] = defaultdict(list)
+    for i, g in enumerate(dataset["group_id"]):
+        groups[g].append(i)
+    advantages = list(dataset["advantage"])
+    shuffled = list(advantages)
+    for members in groups.values():
+        values = [advantages[i] for i in members]
+        rng.shuffle(values)
+        for i, v in zip(members, values):
+            shuffled[i] = v
+    return dataset.map(lambda row, i: {"advantage": shuffled[i]}, with_indices=True)
