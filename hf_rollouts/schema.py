@@ -60,7 +60,7 @@ class Column:
         value: Arrow type of one rollout's entry (a token for sequences).
         pad: padding of a per-token sequence: :data:`PAD_TOKEN` or a number. ``None``
             marks a per-rollout value (one entry per rollout, never padded).
-        help: what the column means (dataset card, README).
+        help: what the column means (dataset card, docs/concepts/rollout-columns.md).
         training: a trainer needs it (:func:`require_columns` checks these).
     """
 

@@ -26,7 +26,7 @@ option, not the model's own: the Hermes shape of Qwen2.5's template (tools liste
 ``<tools></tools>``, calls written ``<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>``, results as a user
 turn inside ``<tool_response></tool_response>``) with SmolLM2's default system prompt. Without tools it renders
 exactly what SmolLM2's own template renders. SmolLM2-135M was not trained on this format (it never wrote a
-``<tool_call>`` in 96 samples with the tools listed and no example; see README "Training a real model").
+``<tool_call>`` in 96 samples with the tools listed and no example; see docs/guides/training.md).
 """
 
 from __future__ import annotations
