@@ -66,7 +66,12 @@ def evaluation_of(rollouts: Dataset, seconds: float = math.nan) -> Evaluation:
     """An :class:`Evaluation` of a rollout dataset already generated."""
     stats = compute_stats(rollouts)
     n = stats.rollouts
-    successes = round(stats.solve_rate * n) if n else 0
+    if n and not stats.judged:
+        raise ValueError(
+            "no rollout says whether it solved its task, so there is no success rate: use an env that sets "
+            "info['solved'] or declares default_max_reward, or pass env_config['max_reward']."
+        )
+    successes = stats.solved  # of every episode: an error or a rollout without a verdict counts as not solved
     low, high = wilson_interval(successes, n)
     return Evaluation(
         success=successes / n if n else math.nan,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -56,3 +56,14 @@ class SamplingConfig:
             if not out[name]:
                 del out[name]
         return out
+
+
+def sampling_from_kwargs(sampling: SamplingConfig | None, kwargs: dict[str, Any]) -> SamplingConfig:
+    """An agent's :class:`SamplingConfig`: ``sampling``, or one built from the ``SamplingConfig`` fields found in the
+    agent's keyword arguments ``kwargs`` (they are removed from it; the rest are the agent's own settings). Raises
+    ``TypeError`` when both are given."""
+    names = {f.name for f in fields(SamplingConfig)}
+    given = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+    if sampling is not None and given:
+        raise TypeError("Pass either a SamplingConfig or temperature/top_p/max_new_tokens, not both.")
+    return sampling or SamplingConfig(**given)

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from ..types import Episode
+from ..types import Episode, is_finite_number
 from .episode import HookAwait, HookClock, drive, hook_call
 from .recorder import place_reward
 
@@ -56,7 +55,7 @@ def _checked(result: Any, n: int, name: str) -> list[float] | None:
         raise ValueError(f"{name} must return one final reward per rollout ({n}) or None, got {result!r:.120}.")
     out = []
     for r in result:
-        if isinstance(r, bool) or not isinstance(r, numbers.Real) or not math.isfinite(r):
+        if not is_finite_number(r):
             raise ValueError(f"{name} returned reward {r!r}; group rewards must be finite numbers.")
         out.append(float(r))
     return out

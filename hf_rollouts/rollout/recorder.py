@@ -43,7 +43,7 @@ from typing import Any
 
 from ..chat import ChatDelta
 from ..chat.tool_turns import ToolTurns
-from ..types import Action, AgentRequest, Episode, Message, Status, ToolCall, ToolResult, Turn
+from ..types import Action, AgentRequest, Episode, Message, Status, ToolCall, ToolResult, Turn, is_number
 
 REWARD_PLACEMENTS = ("last", "spread")
 """How a step reward lands on tokens. ``"last"`` (default): the whole reward on
@@ -77,7 +77,7 @@ def _show(value: Any, limit: int = 80) -> str:
 
 def _check_reward(value: Any, what: str) -> float:
     """``value`` as a float, or :class:`EnvOutputError` when it is not a finite real number."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_number(value):
         raise EnvOutputError(f"{what} must be a finite number, got {type(value).__name__} {_show(value)}.")
     value = float(value)
     if not math.isfinite(value):
@@ -213,7 +213,7 @@ class EpisodeRecorder:
                     f"the agent returned {len(action.token_ids)} token ids but {len(action.logprobs)} "
                     "log-probabilities; give exactly one per sampled id."
                 )
-            bad = next((p for p in action.logprobs if isinstance(p, bool) or not isinstance(p, numbers.Real)), None)
+            bad = next((p for p in action.logprobs if not is_number(p)), None)
             if bad is not None:
                 raise AgentOutputError(f"the agent returned a log-probability {_show(bad)} that is not a number.")
 

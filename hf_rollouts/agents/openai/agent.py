@@ -41,13 +41,13 @@ from __future__ import annotations
 import asyncio
 import os
 from concurrent.futures import Future
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 from ...aio import ENGINE_LOOP
 from ...types import Action, AgentRequest, Message
 from ..base import Agent
-from ..sampling import SamplingConfig
+from ..sampling import SamplingConfig, sampling_from_kwargs
 from .chat_mode import chat_action, chat_body
 from .completions import completion_action, completion_body, end_of_turn_ids, render_prompt
 from .http import JSONClient
@@ -55,8 +55,6 @@ from .negotiation import Capabilities, negotiate, post_dropping
 from .sampling_params import NEUTRAL_FIELDS, STOP_TEXT_FIELD, check_logprob_settings, logprob_convention, request_seed
 from .settings import OpenAIRequestError, OpenAISettings, chat_completions_url, completions_url, parse_openai_spec
 from .stats import STAT_KEYS, RequestStats
-
-_SAMPLING_FIELDS = {f.name for f in fields(SamplingConfig)}
 
 
 class OpenAIChatAgent(Agent):
@@ -87,13 +85,10 @@ class OpenAIChatAgent(Agent):
         api_key: str | None = None,
         **kwargs: Any,
     ) -> None:
-        sampling_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _SAMPLING_FIELDS}
+        self.sampling = sampling_from_kwargs(sampling, kwargs)
         if settings is not None and kwargs:
             raise TypeError("Pass either OpenAISettings or its fields as keyword arguments, not both.")
-        if sampling is not None and sampling_kwargs:
-            raise TypeError("Pass either a SamplingConfig or temperature/top_p/max_new_tokens, not both.")
         self.settings = settings or OpenAISettings(**kwargs)
-        self.sampling = sampling or SamplingConfig(**sampling_kwargs)
         check_logprob_settings(self.settings, self.sampling)
         self.completions_endpoint = completions_url(self.settings.base_url)
         self.endpoint = chat_completions_url(self.settings.base_url)

@@ -61,7 +61,7 @@ from ...seeding import derive_seed
 from ...types import Action, AgentRequest, Message
 from ..base import Agent
 from ..hf.agent import ContextLengthError, stop_token_ids
-from ..sampling import SamplingConfig
+from ..sampling import SamplingConfig, sampling_from_kwargs
 from ..stop_strings import cut_at_stop_string
 from .settings import (
     SETUP_HINT,
@@ -72,7 +72,6 @@ from .settings import (
     parse_vllm_spec,
 )
 
-_SAMPLING_FIELDS = {f.name for f in fields(SamplingConfig)}
 _SETTINGS_FIELDS = {f.name for f in fields(VLLMSettings)}
 STAT_KEYS = (
     "requests",  # agent turns asked for
@@ -162,16 +161,13 @@ class VLLMAgent(Agent):
         tokenizer: Any = None,
         **kwargs: Any,
     ) -> None:
-        sampling_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _SAMPLING_FIELDS}
+        self.sampling = sampling_from_kwargs(sampling, kwargs)
         if settings is not None and kwargs:
             raise TypeError("Pass either VLLMSettings or its fields as keyword arguments, not both.")
-        if sampling is not None and sampling_kwargs:
-            raise TypeError("Pass either a SamplingConfig or temperature/top_p/max_new_tokens, not both.")
         unknown = sorted(set(kwargs) - _SETTINGS_FIELDS)
         if unknown:
             raise TypeError(f"Unknown VLLMAgent arguments {unknown}; engine arguments go in engine_kwargs={{...}}.")
         self.settings = settings or VLLMSettings(**kwargs)
-        self.sampling = sampling or SamplingConfig(**sampling_kwargs)
         check_logprob_settings(self.settings, self.sampling)
         if not vllm_installed():  # before anything slow: a missing vLLM fails at once
             raise VLLMUnavailableError(f"{SETUP_HINT} (no module named 'vllm')")

@@ -131,7 +131,7 @@ class _Facts:
     def _step_episode(self, session_id: str, state: Question, action: str) -> tuple[Question, float, bool, dict]:
         given = last_integer(action)
         right = given == state.answer
-        return state, float(right), True, {"answer": given, "correct": right}
+        return state, float(right), True, {"answer": given, "correct": right, "solved": right}
 
 
 class ArithmeticEnv(_Facts, MultistepEnv):
