@@ -1,6 +1,6 @@
 """hf_rollouts: multi-turn RL rollouts as Hugging Face datasets.
 
-Task dataset in, token-exact padded trajectories out. See README.md.
+Task dataset in, token-exact padded trajectories out. See README.md and docs/.
 """
 
 from ._version import __version__

@@ -267,8 +267,12 @@ def _make_tasks(
     return instance.get_eval_dataset(num_tasks) if split == "eval" else instance.get_train_dataset(num_tasks)
 
 
+def tasks_parser() -> HfArgumentParser:
+    return HfArgumentParser([TasksArgs], prog="hf-rollouts tasks")
+
+
 def cmd_tasks(argv: list[str]) -> int:
-    (args,) = HfArgumentParser([TasksArgs], prog="hf-rollouts tasks").parse_args_into_dataclasses(argv)
+    (args,) = tasks_parser().parse_args_into_dataclasses(argv)
     _check_output(args.output, args.overwrite)
     ds = _make_tasks(args.env, args.split, args.num_tasks, args.env_config, args.allow_env_module)
     from .publish.save import clear_output_dir
@@ -324,15 +328,18 @@ def _agent_info(agent) -> tuple[dict, object]:
     return agent.describe(), agent.tokenizer
 
 
-def cmd_generate(argv: list[str]) -> int:
+def generate_parser() -> HfArgumentParser:
     from .agents.sampling import SamplingConfig
     from .executors import ExecutorOptions
     from .pipeline import RolloutOptions
 
-    parser = HfArgumentParser(
+    return HfArgumentParser(
         [GenerateArgs, RolloutOptions, SamplingConfig, ExecutorOptions], prog="hf-rollouts generate"
     )
-    args, options, sampling, where = parser.parse_args_into_dataclasses(argv)
+
+
+def cmd_generate(argv: list[str]) -> int:
+    args, options, sampling, where = generate_parser().parse_args_into_dataclasses(argv)
     if (args.env is None) == (args.tasks is None):
         raise UsageError("give exactly one of --env NAME or --tasks DIR_OR_HUB_ID.")
     _check_output(args.output, args.overwrite)  # before any generation
@@ -427,10 +434,14 @@ def cmd_generate(argv: list[str]) -> int:
     return 0
 
 
-def cmd_inspect(argv: list[str]) -> int:
+def inspect_parser() -> HfArgumentParser:
     parser = HfArgumentParser([InspectArgs], prog="hf-rollouts inspect")
     parser.add_argument("path", help="Rollout dataset directory written by `hf-rollouts generate`.")
-    args, ns = parser.parse_args_into_dataclasses(argv)
+    return parser
+
+
+def cmd_inspect(argv: list[str]) -> int:
+    args, ns = inspect_parser().parse_args_into_dataclasses(argv)
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
@@ -470,10 +481,14 @@ def best_rollout(final_rewards: list[list[float]], statuses: list[list[str]]) ->
     return where
 
 
-def cmd_check_template(argv: list[str]) -> int:
+def check_template_parser() -> HfArgumentParser:
     parser = HfArgumentParser([CheckTemplateArgs], prog="hf-rollouts check-template")
     parser.add_argument("model", help="'tiny', or a model id / path whose tokenizer's chat template to check.")
-    args, ns = parser.parse_args_into_dataclasses(argv)
+    return parser
+
+
+def cmd_check_template(argv: list[str]) -> int:
+    args, ns = check_template_parser().parse_args_into_dataclasses(argv)
     from .chat import check_chat_template
 
     if ns.model == "tiny":
@@ -499,6 +514,14 @@ def cmd_check_template(argv: list[str]) -> int:
 
 
 COMMANDS = {"tasks": cmd_tasks, "generate": cmd_generate, "inspect": cmd_inspect, "check-template": cmd_check_template}
+PARSERS = {
+    "tasks": tasks_parser,
+    "generate": generate_parser,
+    "inspect": inspect_parser,
+    "check-template": check_template_parser,
+}
+"""Each command's argument parser (what ``hf-rollouts COMMAND --help`` prints); the docs' commands are checked
+against them (tests/test_docs.py)."""
 USAGE = """usage: hf-rollouts {tasks,generate,inspect,check-template} [options]
 
   tasks           write a task dataset for an environment

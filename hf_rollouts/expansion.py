@@ -187,7 +187,7 @@ def with_chat_template_kwargs(tasks: Dataset, kwargs: dict[str, Any] | None) -> 
 class TaskToolTemplateError(TaskValidationError, ToolTemplateError):
     """A row names a tool env whose model's chat template cannot carry tool turns. Both a
     :class:`~hf_rollouts.schema.TaskValidationError` (it names the row) and a
-    :class:`~hf_rollouts.chat.ToolTemplateError` (``except ToolTemplateError`` catches it, as the README says)."""
+    :class:`~hf_rollouts.chat.ToolTemplateError` (``except ToolTemplateError`` catches it, as the tools guide says)."""
 
 
 def prepare_rows(envs: EnvCache, rows: dict[str, list], first_row: int = 0) -> None:

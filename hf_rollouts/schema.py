@@ -19,6 +19,16 @@ from typing import Any, Union
 import pyarrow as pa
 from datasets import Dataset, DatasetDict, Features, Json, List, Value, concatenate_datasets
 
+__all__ = [
+    "Column",
+    "ROLLOUT_COLUMNS",
+    "ROLLOUT_FEATURES",
+    "TASK_COLUMNS",
+    "TASK_FEATURES",
+    "TaskValidationError",
+    "as_task_dataset",
+]
+
 TASK_COLUMNS = ("env_class_path", "env_config", "task_data")
 TASK_FEATURES = Features({"env_class_path": Value("string"), "env_config": Json(), "task_data": Json()})
 TASK_COLUMN_HELP = {
@@ -50,7 +60,7 @@ class Column:
         value: Arrow type of one rollout's entry (a token for sequences).
         pad: padding of a per-token sequence: :data:`PAD_TOKEN` or a number. ``None``
             marks a per-rollout value (one entry per rollout, never padded).
-        help: what the column means (dataset card, README).
+        help: what the column means (dataset card, docs/concepts/rollout-columns.md).
         training: a trainer needs it (:func:`require_columns` checks these).
     """
 

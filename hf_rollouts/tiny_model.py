@@ -23,6 +23,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from .paths import cache_root
 
+__all__ = ["build_tiny_model", "build_tokenizer", "tiny_model_path"]
+
 BUILD_VERSION = 3  # bump when the recipe changes, so old caches are not reused
 PAD, EOS = "<|pad|>", "<|end|>"
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]

@@ -1,4 +1,4 @@
-"""Tool figures for the README: MCP latency (in-process and stdio) and the hidden_function env's success rates.
+"""Tool figures for docs/guides/tools.md: MCP latency (in-process and stdio) and hidden_function success rates.
 
     python scripts/benchmark_tools.py
 

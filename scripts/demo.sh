@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-outputs/demo}"
 MODEL="${MODEL:-smollm2}"
 # 1. Held-out arithmetic ("What is 3 + 4?"), 12 tokens per answer, reward 1 when the answer's last number is right:
-#    SmolLM2 wins about a third of its rollouts (README "Training a real model"); the summary shows the reward
+#    SmolLM2 wins about a third of its rollouts (docs/guides/training.md); the summary shows the reward
 #    statistics and inspect --best shows a rollout that earned reward.
 .venv/bin/hf-rollouts generate --env arithmetic --split eval --num-tasks 8 --num-rollouts 4 --model "$MODEL" \
   --seed 0 --temperature 0.7 --max-new-tokens 12 --output "$OUT/arithmetic" --overwrite

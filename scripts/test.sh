@@ -2,7 +2,8 @@
 # Set up, then run the test suite (offline: no hub is reachable or needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+# the test extra, and the docs extra for the documentation build below
+HF_ROLLOUTS_EXTRAS="${HF_ROLLOUTS_EXTRAS-test,docs}" bash scripts/setup.sh
 # The isolated vLLM venv for the vLLM tests (cached between runs; a warm check takes seconds). Where it cannot be
 # built, those tests skip and pytest's summary prints why (the reason is also in the line below).
 vllm_started=$(date +%s)
@@ -31,6 +32,11 @@ fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# the documentation site, strict: a broken link or anchor, a reference entry naming nothing, a docstring griffe
+# cannot read fails the run (offline: nothing is fetched). The site goes to a temporary directory.
+site_dir=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site_dir"
+rm -rf "$site_dir"
 status=0
 .venv/bin/python -m pytest -q "$@" || status=$?
 if [ -n "$lowest_python" ]; then

@@ -36,7 +36,7 @@ batches and DDP averages the gradients)::
 (On CPU, ``accelerate launch --cpu --num_processes 2`` starts a single process
 unless an MPI hostfile is configured; ``torchrun`` starts two.)
 
-**A real model** (README "Training a real model"): ``--model smollm2`` (or ``smollm2-tools`` for a tool env, or a
+**A real model** (docs/guides/training.md): ``--model smollm2`` (or ``smollm2-tools`` for a tool env, or a
 model id/path), ``--env`` any registered env (``arithmetic``, ``calculator``, ...) with ``--env-config`` JSON, and
 ``--eval-tasks N``: the policy is evaluated on N held-out rows (the env's eval split, one seed) before training,
 every ``--eval-every`` iterations and after, with a 95% Wilson interval (:mod:`hf_rollouts.evaluation`).

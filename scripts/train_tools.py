@@ -28,7 +28,7 @@ The three phases:
 
 The held-out ``eval`` split (tasks never trained on) is played before training, after SFT and after GRPO.
 
-Measured with these defaults (README, Tools): the tiny model learns the call format in SFT but neither copies
+Measured with these defaults (docs/guides/tools.md): the tiny model learns the call format in SFT but neither copies
 ``x`` from the prompt nor the tool's answer, so its calls never win; GRPO then rewards lucky guesses only and drops
 the tool. The script runs end to end (also ``--trl``), but it does not show the tiny model learning the task yet. ::
 
@@ -36,7 +36,7 @@ the tool. The script runs end to end (also ``--trl``), but it does not show the 
     python scripts/train_tools.py --sft-only         # control: imitation for as many updates, no reward
     python scripts/train_tools.py --trl              # phase 3 with TRL's GRPOTrainer
 
-**SmolLM2 on the calculator** (README "Training a real model"): ``--model smollm2-tools --env calculator``. SmolLM2-135M
+**SmolLM2 on the calculator** (docs/guides/training.md): ``--model smollm2-tools --env calculator``. SmolLM2-135M
 never writes a tool call unprompted (0-3% of episodes with the tools listed, even with an example in the prompt), so
 the same warm start comes first: a few SFT steps on demonstrations that call the calculator half of the time, after
 which it calls the tool in some episodes and copies the numbers; then GRPO with the env's reward. ``--control shuffle``

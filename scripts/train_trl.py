@@ -16,7 +16,7 @@ turns are sampled by TRL's vLLM client::
 It prints one line per optimizer step (TRL's logged ``reward``: the mean env reward of the
 episodes that step trained on, sampled before its update) and the first-vs-last summary.
 
-**A real model** (README "Training a real model"), as in ``scripts/train_grpo.py``: ``--model smollm2`` (or
+**A real model** (docs/guides/training.md), as in ``scripts/train_grpo.py``: ``--model smollm2`` (or
 ``smollm2-tools``), ``--env`` with ``--env-config`` JSON, ``--eval-tasks N`` held-out rows evaluated through the
 pipeline before and after training (95% Wilson interval), ``--control shuffle`` (each group's rewards shuffled among
 its rollouts before TRL computes advantages) and ``--trainable-layers K``::

@@ -1,7 +1,7 @@
-"""The layout's promises: no import cycle, every import pointing down the README's layer table, no private name
-imported across modules, optional packages imported lazily, envs/training/executors reaching only what they may, one
-declaration per column, optional task generation, and check_env on every shipped env and on broken envs of each
-kind."""
+"""The layout's promises: no import cycle, every import pointing down the layer table (docs/architecture.md), no
+private name imported across modules, optional packages imported lazily, envs/training/executors reaching only what
+they may, one declaration per column, optional task generation, and check_env on every shipped env and on broken envs
+of each kind."""
 
 from __future__ import annotations
 
@@ -94,12 +94,12 @@ def test_layers_point_down():
     assert not [m for m in _reach(graph, rollout) if m.startswith("hf_rollouts.envs")]
 
 
-# -- the README's layer table, enforced -------------------------------------------------------------
-def _readme_layers() -> list[list[str]]:
-    """The README's layer table (``## Architecture``, its first code block), bottom to top: per line, the module
+# -- the layer table (docs/architecture.md), enforced ----------------------------------------------
+def _layer_table() -> list[list[str]]:
+    """The layer table (docs/architecture.md, ``## Layers``, its first code block), bottom to top: per line, the module
     names before the description (relative to ``hf_rollouts``; ``a.{b,c}`` is ``a.b, a.c``)."""
-    section = (PACKAGE.parent / "README.md").read_text().split("## Architecture\n", 1)[1]
-    block = section.split("```", 2)[1]
+    section = (PACKAGE.parent / "docs" / "architecture.md").read_text().split("## Layers\n", 1)[1]
+    block = section.split("```", 2)[1].removeprefix("text")
     layers = []
     for line in block.strip().splitlines():
         names = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
@@ -124,23 +124,23 @@ def _layer_of(module: str, layers: list[list[str]]) -> int | None:
 
 
 def test_the_readme_layer_table_names_every_module_and_nothing_else():
-    layers, graph = _readme_layers(), _module_graph()
+    layers, graph = _layer_table(), _module_graph()
     assert len(layers) >= 10, layers
     unplaced = sorted(m for m in graph if _layer_of(m, layers) is None)
-    assert not unplaced, f"modules the README's layer table does not place (add them to a line): {unplaced}"
+    assert not unplaced, f"modules docs/architecture.md's layer table does not place (add them to a line): {unplaced}"
     stale = [n for layer in layers for n in layer if f"hf_rollouts.{n}" not in graph]
-    assert not stale, f"the README's layer table names modules that do not exist: {stale}"
+    assert not stale, f"the layer table (docs/architecture.md) names modules that do not exist: {stale}"
 
 
 def test_every_import_points_down_the_readme_layer_table():
-    layers, graph = _readme_layers(), _module_graph()
+    layers, graph = _layer_table(), _module_graph()
     upward = sorted(
         f"{mod} (line {_layer_of(mod, layers) + 1}) imports {dep} (line {_layer_of(dep, layers) + 1})"
         for mod, deps in graph.items()
         for dep in deps
         if _layer_of(dep, layers) > _layer_of(mod, layers)
     )
-    assert not upward, "imports that point up the README's layer table:\n" + "\n".join(upward)
+    assert not upward, "imports that point up the layer table (docs/architecture.md):\n" + "\n".join(upward)
 
 
 def _private(name: str) -> bool:
@@ -182,7 +182,7 @@ def test_no_module_imports_another_modules_private_names():
 
 
 LAZY_PACKAGES = ("vllm", "mcp", "trl", "ray", "textarena", "reasoning_gym", "skyrl_gym", "openenv", "verifiers")
-"""What the README says is imported lazily: only inside a function, when the part that needs it runs."""
+"""What docs/architecture.md says is imported lazily: only inside a function, when the part that needs it runs."""
 
 
 def _import_time_statements(tree: ast.AST):

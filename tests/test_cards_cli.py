@@ -55,6 +55,7 @@ def test_card_contents(tokenizer, tmp_path):
     assert "done 2, truncated 1, error 1" in text
     assert "| turns cut by the token budget | 0 |" in text and "`num_cut_turns`" in text
     assert 'load_rollouts("user/rollouts"' in text and 'load_dataset("user/rollouts"' in text
+    assert "(docs/guides/training.md)" in text and "(docs/concepts/rollout-columns.md)" in text  # the guides
 
 
 def test_card_describes_the_config_of_each_env_class(tokenizer, tmp_path):

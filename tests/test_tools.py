@@ -520,7 +520,7 @@ def test_check_chat_template_on_the_new_tool_templates(tokenizer, name):
 
 
 def test_generate_rollouts_raises_the_documented_tool_template_error(tokenizer, tmp_path):
-    """README: a template that cannot carry tool turns is refused with ToolTemplateError. generate_rollouts raised
+    """Tools guide: a template that cannot carry tool turns is refused with ToolTemplateError. generate_rollouts raised
     a TaskValidationError with it only as the cause, so `except ToolTemplateError` caught nothing (issue 26,
     case 4); it now raises an error that is both, naming the row."""
     from hf_rollouts.pipeline import generate_rollouts

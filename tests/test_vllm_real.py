@@ -104,7 +104,7 @@ def vllm_server(vllm_python, small, tmp_path_factory):
     cmd = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", small[0], "--served-model-name"]
     cmd += ["tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager"]
     cmd += ["--logprobs-mode", "processed_logprobs", "--block-size", "32", "--seed", "0"]
-    # vLLM 0.32 on CPU dies on seeded requests whose prompts get prefilled in chunks (see the README's vLLM section;
+    # vLLM 0.32 on CPU dies on seeded requests whose prompts get prefilled in chunks (see docs/guides/agents.md, vLLM;
     # test_many_seeded_prompts_past_the_step_budget): no chunking, and a budget that holds the longest prompt
     cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096"]
     started = time.monotonic()

@@ -38,6 +38,8 @@ from ..aio import resolve
 from ..types import ToolCall, ToolResult, is_finite_number
 from .base import MultistepEnv
 
+__all__ = ["EnvCheckError", "EnvCheckReport", "check_env"]
+
 DEFAULT_ACTIONS = ("1 2 3 4", "Is it alive?", "yes", "7", "hello", "[1]", "Is it a clock?", "left")
 
 

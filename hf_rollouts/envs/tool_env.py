@@ -22,6 +22,8 @@ from ..tools import Tool
 from .base import MultistepEnv
 from .config import EnvConfig, option
 
+__all__ = ["ToolEnv", "ToolEnvConfig"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class ToolEnvConfig(EnvConfig):

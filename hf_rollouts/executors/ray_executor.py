@@ -63,7 +63,8 @@ class RayExecutor(Executor):
             uses its cluster and stays connected.
         num_workers: actors to start; default: what the cluster's GPUs (``gpus_per_worker > 0``) or CPUs hold,
             at most one per pending shard.
-        gpus_per_worker, cpus_per_worker: resources each actor reserves.
+        gpus_per_worker: GPUs each actor reserves.
+        cpus_per_worker: CPUs each actor reserves.
         shard_timeout: seconds one shard may run on a worker (``None``: no deadline); the worker is then killed.
         max_shard_retries: lost attempts of one shard before the run stops.
         runtime_env: Ray ``runtime_env`` of the actors (e.g. ``{"pip": [...]}``); hf_rollouts and any env module

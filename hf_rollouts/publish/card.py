@@ -30,6 +30,18 @@ from ..envs.registry import resolve_env_class
 from ..schema import COLUMN_HELP, LOGPROB_CONVENTION_KEY, TaskValidationError
 from .stats import compute_stats
 
+DOCS = "docs/"
+"""Where a card points for how to load, train on and reproduce the data: the documentation site's pages, the
+``docs/`` folder of the hf_rollouts repository (``mkdocs serve`` there shows them as a site). The one place to
+change once the site is published at an address."""
+
+GUIDES = {
+    "training": "guides/training.md",
+    "columns": "concepts/rollout-columns.md",
+    "reproducibility": "guides/reproducibility.md",
+}
+"""The docs pages a card links, under :data:`DOCS` (tests/test_docs.py checks each exists)."""
+
 MAX_SHOWN_VALUES = 4
 """Distinct values of one key listed in a config table before it says how many there are."""
 
@@ -180,4 +192,5 @@ def render_card(
         load_path=load_path,
         pad_token_id=pad_token_id,
         plain_load=plain,
+        guides={name: DOCS + page for name, page in GUIDES.items()},
     )

@@ -31,6 +31,8 @@ from ..aio import ENGINE_LOOP
 from .declare import Tool
 from .run import ToolFailed
 
+__all__ = ["MCPTools"]
+
 MCP_INSTALL = 'pip install "hf_rollouts[mcp]"  (PyPI mcp >= 2)'
 
 

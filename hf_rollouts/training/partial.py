@@ -11,7 +11,7 @@ def train_top_layers(model: torch.nn.Module, num_layers: int) -> list[torch.nn.P
     Works on transformers' decoder-only models whose base model keeps its blocks in ``.layers`` and its last norm in
     ``.norm`` (Llama, Qwen2, Mistral, SmolLM2, ...). The embeddings (and a language-model head tied to them) stay
     frozen. The backward pass then stops at the lowest trainable layer: on CPU, training the top 10 of SmolLM2's 30
-    layers cuts an update's time by about half (README "Training a real model"). Raises ``ValueError`` naming the
+    layers cuts an update's time by about half (docs/guides/training.md). Raises ``ValueError`` naming the
     model when it has no such layers or ``num_layers`` is out of range.
     """
     base = getattr(model, "base_model", model)

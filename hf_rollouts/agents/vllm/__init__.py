@@ -1,7 +1,7 @@
 """vLLM's engine in-process as an agent (:class:`VLLMAgent`); vLLM itself is imported only when one is built.
 
 vLLM lives in a venv of its own (it pins torch and transformers): ``bash scripts/setup_vllm.sh`` builds it on
-Linux CPUs; see the README's vLLM section for GPUs.
+Linux CPUs; see docs/guides/agents.md (vLLM) for GPUs.
 """
 
 from .agent import STAT_KEYS, VLLMAgent, VLLMRequestError, import_vllm, model_files_identity, vllm_installed

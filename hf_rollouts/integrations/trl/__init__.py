@@ -1,6 +1,6 @@
 """Train any hf_rollouts environment with TRL's ``GRPOTrainer`` (``rollout_func=...``), trl >= 1.16.
 
-The short version (the README section "Training with TRL" has one that runs)::
+The short version (docs/guides/training.md, "Training with TRL", has the full one)::
 
     from trl import GRPOConfig, GRPOTrainer
     from hf_rollouts.integrations.trl import env_reward, make_rollout_func, to_trl_dataset

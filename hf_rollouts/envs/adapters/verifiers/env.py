@@ -46,7 +46,7 @@ are appended as tool turns, token-exact. A turn without calls is the model's ans
 stored with status ``ok``. Non-text content fails the episode with that reason.
 
 The 0.4 rewrite (``verifiers.v1``) drives the agent itself (``Env.run(task, agents)`` with harness scripts); see the
-README for what blocks a bridge.
+docs/guides/ecosystems.md for what blocks a bridge.
 
 The classic API is async and so are the hooks that drive it (``_initialize_episode``, ``_step_episode``,
 ``_calculate_group_rewards``): the engine awaits them on its event loop.

@@ -1,6 +1,6 @@
 """Arithmetic: a question about two integers, answered in a few tokens; with big numbers, a calculator tool.
 
-A task a small instruct model can partly do, so that RL has something to sharpen (README "Training a real model"):
+A task a small instruct model can partly do, so that RL has something to sharpen (docs/guides/training.md):
 
 * :class:`ArithmeticEnv` (``arithmetic``): "What is 3 + 4?" in one of a few phrasings, one turn. Reward 1.0 when
   the **last integer** of the reply is the answer, else 0.0: "7", "3 + 4 = 7" and "The answer is 7." all win; a
