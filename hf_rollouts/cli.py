@@ -80,7 +80,8 @@ def _json_dict(text: str | None, flag: str) -> dict[str, Any]:
 class TasksArgs:
     env: str = field(
         metadata={
-            "help": "Environment short name (twenty_questions, mastermind, guess_number, hidden_function), "
+            "help": "Environment short name (twenty_questions, mastermind, guess_number, hidden_function, arithmetic, "
+            "calculator), "
             "textarena:GAME-ID, "
             "reasoning_gym:DATASET, skyrl:ENV, openenv:URL, verifiers:ENV-ID, or a class path under hf_rollouts.envs."
         }

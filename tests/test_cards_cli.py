@@ -194,6 +194,16 @@ def test_cli_generate_from_env_and_errors(tmp_path, capsys):
     assert main([]) == 2 and "usage: hf-rollouts" in capsys.readouterr().out
 
 
+def test_the_env_help_names_every_short_name():
+    from dataclasses import fields
+
+    from hf_rollouts.cli import TasksArgs
+    from hf_rollouts.envs import ENV_REGISTRY
+
+    help_text = next(f for f in fields(TasksArgs) if f.name == "env").metadata["help"]
+    assert [name for name in ENV_REGISTRY if name not in help_text] == []
+
+
 def test_cli_textarena_tasks(tmp_path):
     pytest.importorskip("textarena")
     assert (

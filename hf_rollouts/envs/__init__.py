@@ -4,7 +4,8 @@
   its typed config (:mod:`.config`), ``task_data`` checks (:mod:`.task_data`), tool envs (:mod:`.tool_env`), the
   registry and trust rules (:mod:`.registry`), the conformance check (:mod:`.check`) and the public names
   (:mod:`.public_names`);
-* the games, in :mod:`.games` (Twenty Questions, Mastermind, guess-the-number, hidden function);
+* the games, in :mod:`.games` (Twenty Questions, Mastermind, guess-the-number, hidden function, arithmetic and
+  calculator);
 * the adapters of other ecosystems' envs, in :mod:`.adapters`, on one base (:mod:`.adapters.adapter`).
 
 Games and adapters keep their public names ``hf_rollouts.envs.<name>`` (what task rows and users' imports say;

@@ -4,7 +4,7 @@ Subclasses implement three hooks and know nothing of models:
 
 * ``_initialize_episode(session_id, task_data) -> state`` — a *fresh* per-episode
   state object. Episode state lives there, never on ``self``, so many episodes of
-  one env instance can be live at once (the scheduler plays them concurrently).
+  one env instance can be live at once (the engine plays them concurrently).
 * ``_format_prompt(state, step) -> str`` — the environment's message at ``step``
   (step 0: the task; later steps: feedback on the last action).
 * ``_step_episode(session_id, state, action) -> (state, reward, done, info)`` —
@@ -106,7 +106,7 @@ class MultistepEnv(ABC):
     * ``max_reward`` (float | None): overrides :attr:`default_max_reward` (what counts as solved).
     * ``seed`` (int): seeds task generation (:meth:`get_train_dataset`).
     * ``step_timeout`` / ``episode_timeout`` (float >= 0 | None): override the run's time limits
-      (read by the scheduler).
+      (read by the engine).
     * ``chat_template_kwargs`` (dict): options for every chat-template render, e.g.
       ``{"enable_thinking": false}`` (see :class:`~hf_rollouts.chat.ChatDelta`).
     * ``tool_timeout``, ``max_tool_calls``, ``max_tool_calls_per_turn``, ``count_tool_turns``: limits of

@@ -1,7 +1,7 @@
 """Readable views of a stored trajectory (what ``hf-rollouts inspect`` prints).
 
 Agent-sampled spans are wrapped in ``[[`` … ``]]``; a non-zero per-token reward
-is shown as ``{+1.0}`` right after its token. Environment text is printed as
+is shown as ``{+1}`` right after its token. Environment text is printed as
 stored (chat-template markers included), so what you read is exactly the token
 sequence a trainer sees, decoded.
 """

@@ -2,8 +2,8 @@
 
 :func:`play_groups` plays groups of rollouts (the rollouts of one task) and returns them finished, group rewards
 applied (:mod:`.group`), in order; :func:`run_episodes` plays a flat list of episodes. Every episode is a generator
-(:func:`~.episode.episode_steps`) and is, at any moment, in exactly one :class:`Phase`. The engine's state lives on
-the engine loop (:mod:`hf_rollouts.aio`) and only the loop changes it, so nothing in it is locked:
+(:func:`~.episode.episode_steps`) and is, at any moment, in exactly one :class:`Phase`. The engine's state is changed
+only under one lock, by a worker routing what it advanced or by the engine loop (:mod:`hf_rollouts.aio`):
 
 * **QUEUED → RUNNING**: *workers* (threads, :mod:`.workers`) take queued episodes one after another and advance
   each until it yields: they run its sync env hooks, never the loop, because a hung sync hook must hang a thread the

@@ -240,7 +240,7 @@ class VLLMAgent(Agent):
     # -- Agent API ----------------------------------------------------------------------------------------
     @property
     def concurrency(self) -> int:
-        """Requests in flight at once: the scheduler keeps this many episodes alive by default."""
+        """Requests in flight at once: the engine keeps this many episodes alive by default."""
         return self.settings.concurrency
 
     def set_seed(self, seed: int) -> None:

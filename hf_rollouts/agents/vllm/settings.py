@@ -84,7 +84,7 @@ class VLLMSettings:
     )
     concurrency: int = field(
         default=256,
-        metadata={"help": "Requests in flight at once: the scheduler keeps this many episodes alive."},
+        metadata={"help": "Requests in flight at once: the engine keeps this many episodes alive."},
     )
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow the model's own code (hub models)."})
     engine_kwargs: dict[str, Any] = field(

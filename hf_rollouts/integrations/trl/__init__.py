@@ -44,8 +44,8 @@ Pitfalls and how they are handled:
    ``model.forward`` by an autocast wrapper that TRL's unwrapping keeps; for the call the model's
    own forward (``model._original_forward``) is put back, so sampling and its log-probabilities
    are in the model's dtype. The agent samples under ``torch.inference_mode`` with autocast off in
-   the engine's driver thread, the thread that calls the model (grad and autocast modes are per
-   thread). On exit, also after an exception, the model is as TRL had it: each module's mode, the
+   the engine's worker thread that makes the batch call, the thread that calls the model (grad and
+   autocast modes are per thread). On exit, also after an exception, the model is as TRL had it: each module's mode, the
    accelerate wrapper, and (TRL's context restores them only on a clean exit, so an exception is
    re-raised after it) gradient checkpointing and ZeRO-3 hooks. Nothing else about the model is
    changed: its ``generation_config`` is left alone (the sampling config sets every scalar

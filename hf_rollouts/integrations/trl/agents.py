@@ -83,7 +83,8 @@ class TrainerPolicyAgent(_TokenAgent):
     ``generation_config`` replacement, no ``.to()``, no mode change, no global seed. The caller puts
     the model in eval mode (see :func:`generation_mode`). ``act_batch`` samples under
     ``torch.inference_mode`` with autocast off, in the thread that calls it (the rollout engine's
-    driver thread: grad and autocast modes are per thread, so they are set here, not by the caller).
+    worker thread that makes the batch call: grad and autocast modes are per thread, so they are set
+    here, not by the caller).
     Log-probabilities are ``log_softmax(logits / temperature)`` of the raw logits, TRL's convention.
     The batched KV cache is kept between turns only in eval mode and when reuse is exact for the
     architecture.
