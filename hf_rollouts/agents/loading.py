@@ -214,24 +214,15 @@ def _load(
     spec, sampling, seed, model_seed, backend, reuse_kv, cache, tokenizer, trust_remote_code, endpoint, engine
 ) -> Agent:
     sampling = sampling or SamplingConfig()
-    if spec in TINY_SPECS:
-        from ..tiny_model import build_tiny_model
+    if spec in TINY_SPECS or spec in ("smollm2", "smollm2-tools"):  # the embedded models
+        if spec in TINY_SPECS:
+            from ..tiny_model import build_tiny_model
 
-        model, tok = build_tiny_model(seed=model_seed, size=TINY_SPECS[spec])
-        return TransformersAgent(
-            model,
-            tok,
-            sampling,
-            seed=seed,
-            backend=backend,
-            reuse_kv=reuse_kv,
-            cache=cache,
-            name=model.config._name_or_path,
-        )
-    if spec in ("smollm2", "smollm2-tools"):
-        from ..smollm2 import load_smollm2
+            model, tok = build_tiny_model(seed=model_seed, size=TINY_SPECS[spec])
+        else:
+            from ..smollm2 import load_smollm2
 
-        model, tok = load_smollm2(tools=spec == "smollm2-tools")
+            model, tok = load_smollm2(tools=spec == "smollm2-tools")
         return TransformersAgent(
             model,
             tok,
