@@ -8,9 +8,10 @@ Protocol (host side: :mod:`hf_rollouts.sandbox.run`):
   ``argv[2]``: the program alone, as a file (``"io"`` mode runs it).
 * stdin's first line: the token. The harness reads it and replaces stdin with ``/dev/null`` before any untrusted code
   runs, so the code cannot read it from there.
-* stdout: whatever the code prints, then one line ``<token> <json report>`` written by the harness on a copy of the
-  original stdout. A program that exits early (``sys.exit``, ``os._exit``, a signal, killing its parent) or prints a
-  fake report never produces that line: the host reads its absence as a failure, never as a pass.
+* stdout: whatever the code prints, then one line written by the harness on a copy of the original stdout:
+  ``<token> PASS`` or ``<token> FAIL <json details>``. A program that exits early (``sys.exit``, ``os._exit``, a
+  signal, killing its parent) or prints a fake report never produces that line: the host reads its absence as a
+  failure, never as a pass.
 
 Modes: ``"tests"`` executes ``program`` then ``tests`` (Python source: HumanEval's ``def check(candidate)``, called
 with ``entry_point`` when given; or a list of statements such as ``assert f(1) == 2``, each run in turn) in one
@@ -63,31 +64,34 @@ def last_line(exc):
     return (text[-1] if text else type(exc).__name__)[:300]
 
 
-def run_tests(job):
+def run_tests(job, _exec=exec, _compile=compile, _base=BaseException):
+    """Run the program, then the tests, then ``check(entry_point)``. Everything it uses after the untrusted code has
+    run is bound before (default arguments, locals, list indexing, int comparison): code that replaces builtins
+    (``exec``, ``range``, ``enumerate``) or the harness's module globals cannot make the tests skip."""
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-    try:
-        exec(compile(job["program"], "<solution>", "exec"), namespace)
-    except BaseException as exc:  # noqa: BLE001 - everything the code raises is its failure
-        return {"passed": False, "stage": "program", "error": last_line(exc)}
     tests = job["tests"]
-    if isinstance(tests, str):
-        tests = [tests]
-    for index, test in enumerate(tests):
+    tests = [tests] if isinstance(tests, str) else list(tests)
+    count, names = len(tests), [f"<test {i}>" for i in range(len(tests))]
+    entry_point = job.get("entry_point") or None
+    try:
+        _exec(_compile(job["program"], "<solution>", "exec"), namespace)
+    except _base as exc:  # everything the code raises is its failure
+        return {"passed": False, "stage": "program", "error": last_line(exc)}
+    index = 0
+    while index < count:
         try:
-            exec(compile(test, f"<test {index}>", "exec"), namespace)
-        except BaseException as exc:  # noqa: BLE001
+            _exec(_compile(tests[index], names[index], "exec"), namespace)
+        except _base as exc:
             return {"passed": False, "stage": "tests", "test": index, "passed_tests": index, "error": last_line(exc)}
-    entry_point = job.get("entry_point")
-    if entry_point:
+        index += 1
+    if entry_point is not None:
+        if "check" not in namespace or entry_point not in namespace:
+            return {"passed": False, "stage": "check", "error": f"NameError: check or {entry_point} is not defined"}
         try:
-            check, candidate = namespace["check"], namespace[entry_point]
-        except KeyError as exc:
-            return {"passed": False, "stage": "check", "error": f"NameError: {exc.args[0]!r} is not defined"}
-        try:
-            check(candidate)
-        except BaseException as exc:  # noqa: BLE001
+            namespace["check"](namespace[entry_point])
+        except _base as exc:
             return {"passed": False, "stage": "check", "error": last_line(exc)}
-    return {"passed": True, "passed_tests": len(tests)}
+    return True
 
 
 def normalized(text):
@@ -117,8 +121,14 @@ def run_cases(job):
             return {"passed": False, "stage": "case", "test": index, "passed_tests": index, "error": error}
         if normalized(done.stdout.decode(errors="replace")) != normalized(str(case.get("output", ""))):
             got = done.stdout.decode(errors="replace")[:200]
-            return {"passed": False, "stage": "case", "test": index, "passed_tests": index, "error": f"wrong output {got!r}"}
-    return {"passed": True, "passed_tests": len(cases)}
+            return {
+                "passed": False,
+                "stage": "case",
+                "test": index,
+                "passed_tests": index,
+                "error": f"wrong output {got!r}",
+            }
+    return True
 
 
 def main():
@@ -131,15 +141,32 @@ def main():
         job = json.load(f)
     drop_privileges(job.get("uid"))
     set_limits(job["limits"])
-    write, flush_out, flush_err, exit_now = os.write, sys.stdout.flush, sys.stderr.flush, os._exit
-    dumps = json.dumps
-    report = run_cases(job) if job["mode"] == "io" else run_tests(job)
+    # the pass line is made before any untrusted code runs; a failure line always starts with FAIL, whatever a
+    # replaced json module writes after it (the host counts only this exact PASS line as a pass)
+    pass_line = (token + " PASS\n").encode()
+    fail_prefix = token + " FAIL "
+    write, flush_out, flush_err, exit_now, dumps, encode = (
+        os.write,
+        sys.stdout.flush,
+        sys.stderr.flush,
+        os._exit,
+        json.dumps,
+        str.encode,
+    )
+    outcome = run_cases(job) if job["mode"] == "io" else run_tests(job)
     try:
         flush_out()
         flush_err()
     except BaseException:  # noqa: BLE001, S110 - the code may have closed or replaced its streams
         pass
-    write(report_fd, (token + " " + dumps(report) + "\n").encode())
+    if outcome is True:
+        write(report_fd, pass_line)
+    else:
+        try:
+            detail = dumps(outcome)
+        except BaseException:  # noqa: BLE001 - a replaced json module: the failure stands, without its details
+            detail = "{}"
+        write(report_fd, encode(fail_prefix + detail + "\n"))
     exit_now(0)  # skips what the code registered to run at exit (atexit, finalizers, threads)
 
 

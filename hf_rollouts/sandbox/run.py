@@ -50,7 +50,7 @@ class SandboxLimits:
     memory_bytes: int = 1 << 30
     """Address space per process (``RLIMIT_AS``): an allocation beyond it fails (Python: ``MemoryError``)."""
     max_processes: int = 16
-    """Processes and threads of the sandbox's user at once (``RLIMIT_NPROC``, the harness included): stops a fork bomb."""
+    """Processes and threads at once (``RLIMIT_NPROC``, the harness included): stops a fork bomb."""
     output_bytes: int = 1 << 20
     """Bytes of stdout+stderr read; past it the sandbox is killed (reason ``output limit``)."""
     tmp_bytes: int = 64 << 20
@@ -267,10 +267,13 @@ def _verdict(token: str, output: bytes, returncode: int, over: str | None, limit
     if marker >= 0 and over is None:
         line = text[marker + len(token) + 1 :].split("\n", 1)[0]
         shown = text[:marker]
-        try:
-            report = json.loads(line)
-        except ValueError:
-            report = None
+        if line == "PASS":
+            report = {"passed": True}
+        elif line.startswith("FAIL "):
+            try:
+                report = {**json.loads(line[5:]), "passed": False}
+            except (ValueError, TypeError):
+                report = {"passed": False, "error": "failed (no details)"}
     shown = shown[: limits.output_bytes]
     common = {"returncode": returncode, "output": shown, "seconds": seconds}
     if over == "timeout":
@@ -283,7 +286,12 @@ def _verdict(token: str, output: bytes, returncode: int, over: str | None, limit
         return SandboxResult("passed", None, report, **common)
     error = str(report.get("error", "failed"))
     status = "memory" if error.startswith("MemoryError") else "timeout" if error == "timeout" else "failed"
-    where = {"program": "the code raised", "tests": "a test failed", "check": "the check failed", "case": "a case failed"}
+    where = {
+        "program": "the code raised",
+        "tests": "a test failed",
+        "check": "the check failed",
+        "case": "a case failed",
+    }
     place = where.get(report.get("stage"), "failed")
     if report.get("test") is not None:
         place += f" (test {report['test']})"
