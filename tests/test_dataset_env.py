@@ -4,8 +4,12 @@ a real GRPOTrainer and through the env, and the CLI end to end with the embedded
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 from datasets import Dataset
@@ -376,3 +380,18 @@ def test_cli_refuses_bad_input_in_one_line(tmp_path, capsys, argv, message):
     assert main(["tasks", "--from-dataset", str(source), "--output", str(tmp_path / "t"), *argv]) == 2
     last = capsys.readouterr().err.strip().split("\r")[-1].splitlines()[-1]  # after any progress bar of the loading
     assert last.startswith("error: ") and message in last
+
+
+# -- the guide shows what its code prints ---------------------------------------------------------------------------
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "datasets.md"
+SHOWN = re.compile(r"<!-- run -->\n```python\n(.*?)```\n\nprints\n\n```text\n(.*?)```", re.DOTALL)
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_the_guide_prints_what_it_shows(index, tmp_path, monkeypatch):
+    code, shown = SHOWN.findall(GUIDE.read_text())[index]
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, f"{GUIDE.name} block {index}", "exec"), {"__name__": f"guide_block_{index}"})
+    assert out.getvalue() == shown
