@@ -19,6 +19,7 @@ import json
 import os
 import secrets
 import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -86,10 +87,22 @@ class SandboxResult:
 def probe(bwrap: str, python: str, prefix: str) -> str | None:
     """Why bwrap cannot run the sandbox here (``None`` when it can): a trivial job, cached per process."""
     sandbox = Sandbox(bwrap=bwrap, python=python, _checked=True)
-    try:
-        result = ENGINE_LOOP.call(sandbox.arun("tests", "x = 1", ["assert x == 1"]), timeout=60)
-    except Exception as exc:  # noqa: BLE001 - any failure to start is the answer
-        return f"{type(exc).__name__}: {exc}"
+    outcome: list = []
+
+    def check() -> None:  # a loop of its own in a thread of its own: works from any thread, the engine loop's too
+        try:
+            outcome.append(asyncio.run(sandbox.arun("tests", "x = 1", ["assert x == 1"], _here=True)))
+        except Exception as exc:  # noqa: BLE001 - any failure to start is the answer
+            outcome.append(f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=check, name="hf-rollouts-sandbox-probe", daemon=True)
+    thread.start()
+    thread.join(60)
+    if not outcome:
+        return "the check did not finish within 60 s"
+    result = outcome[0]
+    if isinstance(result, str):
+        return result
     return None if result.passed else f"{result.status}: {result.reason}; output: {result.output[-500:]!r}"
 
 
@@ -157,12 +170,18 @@ class Sandbox:
         *,
         entry_point: str | None = None,
         cases: list[dict[str, str]] | None = None,
+        _here: bool = False,
     ) -> SandboxResult:
         """Run ``program`` in ``mode`` ``"tests"`` (``tests``: Python source, or a list of statements; with
         ``entry_point``, ``check(<entry_point>)`` is called after them, HumanEval's style) or ``"io"`` (``cases``:
-        ``[{"input": ..., "output": ...}]``). Waits for a free slot first. Never raises for what the code does."""
+        ``[{"input": ..., "output": ...}]``). Waits for a free slot first. Never raises for what the code does.
+
+        The runs and their bound live on the engine loop; awaited on another loop, the run is handed to it."""
         if mode not in ("tests", "io"):
             raise ValueError(f"mode must be 'tests' or 'io', got {mode!r}.")
+        if not _here and asyncio.get_running_loop() is not ENGINE_LOOP.loop():
+            run = self.arun(mode, program, tests, entry_point=entry_point, cases=cases, _here=True)
+            return await asyncio.wrap_future(ENGINE_LOOP.submit(run))
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
             self._uids = self._slot_uids()
@@ -221,17 +240,21 @@ class Sandbox:
                 os.close(fd)
         proc.stdin.write((token + "\n").encode())
         proc.stdin.close()
-        output, over = bytearray(), None
+        output, over, mark, at = bytearray(), None, token.encode(), -1
         try:
             async with asyncio.timeout(self.limits.wall_time):
                 while chunk := await proc.stdout.read(1 << 16):
+                    seen = len(output) - len(mark)
                     output += chunk
+                    at = output.find(mark, max(0, seen)) if at < 0 else at
+                    if at >= 0 and output.find(b"\n", at) >= 0:
+                        break  # the harness reported: processes the code left behind must not hold the run
                     if len(output) > self.limits.output_bytes + 4096:  # room for the report line
                         over = "output_limit"
                         break
         except TimeoutError:
             over = "timeout"
-        if over is not None:
+        if proc.returncode is None:  # still running (left-behind processes, a limit): bwrap and all it started
             _kill(proc)
         returncode = await _reap(proc)
         seconds = time.perf_counter() - start
@@ -255,7 +278,8 @@ async def _reap(proc: asyncio.subprocess.Process) -> int:
                 pass
             return await proc.wait()
     except TimeoutError:
-        _kill(proc)
+        if proc.returncode is None:
+            _kill(proc)
         proc._transport.close()  # noqa: SLF001 - asyncio has no public way to drop a pipe a stray process holds
         return await proc.wait()
 

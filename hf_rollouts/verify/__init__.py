@@ -25,8 +25,8 @@ from .base import (
     split_spec,
     verifier_class,
 )
-from .code import CodeVerifier
 from .checks import ExactMatch, FormatRegex, Numeric, normalize, parse_number
+from .code import CodeVerifier
 from .extract import EXTRACTIONS, check_extraction, code_block, extract_answer, last_boxed, last_number
 from .mathverify import MathVerifier, math_equal
 from .rubric import Rubric, UnscorableError

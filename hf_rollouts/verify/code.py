@@ -21,7 +21,6 @@ fix it); ``sandbox="unsafe-no-sandbox"`` runs the code without isolation, by nam
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -114,11 +113,7 @@ class CodeVerifier(Verifier):
     async def ascore(self, reply: str, answer: str | None, task: Mapping[str, Any]) -> Verdict:
         if answer is None or not answer.strip():
             return Verdict(0.0, NO_CODE, {"status": "no_code"})
-        run = self._run(self.program(answer, task), task)
-        if asyncio.get_running_loop() is not ENGINE_LOOP.loop():  # the sandbox's semaphore lives on the engine loop
-            result = await asyncio.wrap_future(ENGINE_LOOP.submit(run))
-        else:
-            result = await run
+        result = await self._run(self.program(answer, task), task)
         info = {"status": result.status, "seconds": round(result.seconds, 3), "output": result.output[:500]}
         if "passed_tests" in result.report:
             info["passed_tests"] = result.report["passed_tests"]
