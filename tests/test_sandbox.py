@@ -214,3 +214,9 @@ def test_processes_left_behind_do_not_hold_a_finished_run(verifier):
     assert verdict.passed, verdict.reason
     assert verdict.info["seconds"] < FAST["wall_time"]
     assert not _sandbox_processes()
+
+
+def test_a_case_that_prints_without_end_is_cut_and_fails(verifier):
+    code = "import sys\nwhile True:\n    sys.stdout.write('y' * 65536)\n"
+    verdict = verifier.score("", code, {"cases": [{"input": "", "output": "y"}]})
+    assert verdict.reward == 0.0 and verdict.reason

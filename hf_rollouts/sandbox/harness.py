@@ -28,6 +28,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import traceback
 
 
@@ -102,32 +103,31 @@ def normalized(text):
 
 
 def run_cases(job):
-    path = sys.argv[2]
-    cases = job["cases"]
+    """Each case in a child process; its output goes to anonymous files in ``/tmp`` (bounded by the tmpfs and the
+    file size limit) and only the first ``output_bytes`` are read back."""
+    path, cases, limit = sys.argv[2], job["cases"], int(job["limits"]["output_bytes"])
     timeout = max(0.1, float(job["limits"]["case_time"]))
     for index, case in enumerate(cases):
-        try:
-            done = subprocess.run(
-                [sys.executable, "-I", "-B", path],
-                input=str(case.get("input", "")).encode(),
-                capture_output=True,
-                timeout=timeout,
-            )
-        except subprocess.TimeoutExpired:
-            return {"passed": False, "stage": "case", "test": index, "passed_tests": index, "error": "timeout"}
+        failed = {"passed": False, "stage": "case", "test": index, "passed_tests": index}
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            try:
+                done = subprocess.run(
+                    [sys.executable, "-I", "-B", path],
+                    input=str(case.get("input", "")).encode(),
+                    stdout=out,
+                    stderr=err,
+                    timeout=timeout,
+                )
+            except subprocess.TimeoutExpired:
+                return {**failed, "error": "timeout"}
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read(limit).decode(errors="replace"), err.read(limit).decode(errors="replace")
         if done.returncode != 0:
-            error = done.stderr.decode(errors="replace").strip().splitlines()
-            error = error[-1][:300] if error else f"exit status {done.returncode}"
-            return {"passed": False, "stage": "case", "test": index, "passed_tests": index, "error": error}
-        if normalized(done.stdout.decode(errors="replace")) != normalized(str(case.get("output", ""))):
-            got = done.stdout.decode(errors="replace")[:200]
-            return {
-                "passed": False,
-                "stage": "case",
-                "test": index,
-                "passed_tests": index,
-                "error": f"wrong output {got!r}",
-            }
+            lines = stderr.strip().splitlines()
+            return {**failed, "error": lines[-1][:300] if lines else f"exit status {done.returncode}"}
+        if normalized(stdout) != normalized(str(case.get("output", ""))):
+            return {**failed, "error": f"wrong output {stdout[:200]!r}"}
     return True
 
 
