@@ -459,3 +459,22 @@ def test_cli_gsm8k_rows_with_smollm2(tmp_path, capsys):
             numbers = re.findall(r"-?\d+(?:\.\d+)?", reply)
             right = bool(numbers) and float(numbers[-1]) == float(row["task_data"]["answer"].replace(",", ""))
             assert reward == float(right), (reply, row["task_data"])
+
+
+def test_load_source_reads_files_folders_and_saved_datasets(tmp_path):
+    from datasets import DatasetDict
+
+    from hf_rollouts.envs.dataset import load_source
+
+    ds = Dataset.from_list(GSM8K)
+    ds.to_parquet(str(tmp_path / "rows.parquet"))
+    ds.to_csv(str(tmp_path / "rows.csv"), index=False)
+    (tmp_path / "folder").mkdir()
+    ds.to_json(str(tmp_path / "folder" / "part.jsonl"))
+    ds.save_to_disk(str(tmp_path / "saved"))
+    for source in ("rows.parquet", "rows.csv", "folder", "saved"):
+        loaded = load_source(str(tmp_path / source))
+        assert loaded["question"] == [r["question"] for r in GSM8K], source
+    assert len(load_source(str(tmp_path / "rows.parquet"), split="test")) == 4  # a file's rows are the split asked for
+    with pytest.raises(TypeError, match=r"Pick a split first, e.g. dataset\['train'\]"):
+        to_task_rows(DatasetDict({"train": ds}), prompt_column="question")
