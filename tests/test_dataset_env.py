@@ -478,3 +478,8 @@ def test_load_source_reads_files_folders_and_saved_datasets(tmp_path):
     assert len(load_source(str(tmp_path / "rows.parquet"), split="test")) == 4  # a file's rows are the split asked for
     with pytest.raises(TypeError, match=r"Pick a split first, e.g. dataset\['train'\]"):
         to_task_rows(DatasetDict({"train": ds}), prompt_column="question")
+
+
+def test_the_dataset_env_makes_no_tasks_and_says_where_they_come_from(tokenizer):
+    with pytest.raises(NotImplementedError, match="to_task_rows.*--from-dataset"):
+        DatasetEnv(tokenizer).get_train_dataset()
