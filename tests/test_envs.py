@@ -12,7 +12,6 @@ from hf_rollouts.envs.registry import class_path
 from hf_rollouts.envs.twenty_questions import KnowledgeBase, TwentyQuestionsEnv
 from hf_rollouts.schema import TASK_FEATURES
 
-
 # -- contract checks over every registered environment ------------------------
 MAKE_TASKS = sorted(set(ENV_REGISTRY) - {"dataset"})  # `dataset` plays the user's rows (tests/test_dataset_env.py)
 
