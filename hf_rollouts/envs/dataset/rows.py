@@ -123,6 +123,9 @@ def to_task_rows(dataset: Dataset, **options: Any) -> Dataset:
     """``dataset`` with the task columns of :class:`DatasetEnv` added (its other columns kept); ``options`` are
     :class:`TaskRows`'s. Every row is checked first (columns, empty values, each verifier's check of the task):
     :class:`~hf_rollouts.schema.TaskValidationError` names the row and the column before any work."""
+    if not isinstance(dataset, Dataset):
+        hint = " Pick a split first, e.g. dataset['train']." if isinstance(dataset, DatasetDict) else ""
+        raise TypeError(f"to_task_rows takes a datasets.Dataset, got {type(dataset).__name__}.{hint}")
     rows = TaskRows(**options)
     missing = [c for c in rows.needed_columns() if c not in dataset.column_names]
     if missing:
