@@ -201,7 +201,7 @@ class Sandbox:
 
     def _command(self, job: dict[str, Any], fds: list[int]) -> list[str]:
         def memfd(name: str, data: bytes) -> int:
-            fd = os.memfd_create(name, 0)
+            fd = os.memfd_create(name, os.MFD_CLOEXEC)  # passed to the run only (pass_fds), no other child
             os.write(fd, data)
             os.lseek(fd, 0, os.SEEK_SET)
             fds.append(fd)
