@@ -50,6 +50,7 @@ from hf_rollouts.training import (
     ADVANTAGE_MODES,
     UpdateConfig,
     collect_rollouts,
+    flush_denormals,
     grpo_update,
     prepare_rollouts,
     save_learning_curve,
@@ -138,15 +139,11 @@ def task_sets(cfg, tokenizer, num_train: int):
 
 def train(cfg: TrainConfig, command: str | None = None) -> list[IterationStats]:
     """Run GRPO as the module docstring says; one :class:`IterationStats` per iteration (``command`` goes to
-    ``summary.json``). Float32 denormals are flushed meanwhile unless ``keep_denormals``."""
+    ``summary.json``)."""
     if cfg.advantage not in ADVANTAGE_MODES or cfg.control not in CONTROLS:
         raise ValueError(f"--advantage must be one of {ADVANTAGE_MODES} and --control one of {CONTROLS}.")
-    flushing = not cfg.keep_denormals and torch.set_flush_denormal(True)
-    try:
+    with flush_denormals(not cfg.keep_denormals):
         return _train(cfg, command)
-    finally:
-        if flushing:
-            torch.set_flush_denormal(False)
 
 
 def _train(cfg: TrainConfig, command: str | None) -> list[IterationStats]:
@@ -156,9 +153,15 @@ def _train(cfg: TrainConfig, command: str | None) -> list[IterationStats]:
         "tiny-small" if cfg.model == "tiny" and cfg.model_size != "tiny" else cfg.model, model_seed=cfg.seed
     )
     model, tokenizer = loaded.model, loaded.tokenizer
-    name = f"{model.config._name_or_path}-grpo"
-    agent = TransformersAgent(model, tokenizer, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                              seed=cfg.seed, device=accelerator.device, name=name)  # fmt: skip
+    agent = TransformersAgent(
+        model,
+        tokenizer,
+        temperature=cfg.temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+        device=accelerator.device,
+        name=f"{model.config._name_or_path}-grpo",
+    )
     params = train_top_layers(model, cfg.trainable_layers) if cfg.trainable_layers else list(model.parameters())
     policy, optimizer = accelerator.prepare(model, torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0))
     all_tasks, eval_tasks = task_sets(cfg, tokenizer, cfg.tasks_per_iter * cfg.iterations)

@@ -48,6 +48,7 @@ from hf_rollouts.seeding import derive_seed
 from hf_rollouts.training import (
     UpdateConfig,
     collect_rollouts,
+    flush_denormals,
     grpo_update,
     prepare_rollouts,
     save_learning_curve,
@@ -210,12 +211,8 @@ def train(cfg: ToolTrainConfig, command: str | None = None) -> ToolTrainResult:
         raise ValueError(f"--env must be one of {sorted(DEMO_CALLS)}, got {cfg.env!r}.")
     if cfg.control not in ("none", "shuffle") or (cfg.control == "shuffle" and cfg.sft_only):
         raise ValueError(f"--control must be 'none' or 'shuffle' (not with --sft-only), got {cfg.control!r}.")
-    flushing = torch.set_flush_denormal(True)
-    try:
+    with flush_denormals():
         return _train(cfg, command)
-    finally:
-        if flushing:
-            torch.set_flush_denormal(False)
 
 
 def _train(cfg: ToolTrainConfig, command: str | None) -> ToolTrainResult:

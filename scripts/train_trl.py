@@ -92,11 +92,10 @@ def train(cfg: TrainConfig, command: str | None = None) -> list[StepRow]:
     from hf_rollouts.evaluation import evaluate_agent
     from hf_rollouts.integrations.trl import build_grpo_trainer
     from hf_rollouts.seeding import derive_seed
-    from hf_rollouts.training import task_splits, train_top_layers, write_summary
+    from hf_rollouts.training import flush_denormals, task_splits, train_top_layers, write_summary
 
     started, evaluations = (time.perf_counter(), time.process_time()), {}
-    flushing = torch.set_flush_denormal(True)  # the tiny model hits float32 denormals: 10-20x slower on x86
-    try:
+    with flush_denormals():
         loaded = load_agent(cfg.model, model_seed=cfg.seed)
         model, tokenizer = loaded.model, loaded.tokenizer
         if cfg.trainable_layers:
@@ -131,9 +130,6 @@ def train(cfg: TrainConfig, command: str | None = None) -> list[StepRow]:
         )  # fmt: skip
         trainer.train()
         heldout("after")
-    finally:
-        if flushing:
-            torch.set_flush_denormal(False)
     rows = [
         step_row(h, rollout_func.tool_rates, cfg.steps_per_generation)
         for h in trainer.state.log_history

@@ -52,7 +52,15 @@ from .collate import RolloutCollator
 from .control import shuffle_advantages
 from .convention import check_logprob_convention, read_logprob_convention, split_by_logprob_settings
 from .data import FLAT_FEATURES, PreparedRollouts, load_rollouts, prepare_rollouts
-from .loop import UpdateConfig, UpdateMetrics, collect_rollouts, grpo_update, sft_update, task_splits
+from .loop import (
+    UpdateConfig,
+    UpdateMetrics,
+    collect_rollouts,
+    flush_denormals,
+    grpo_update,
+    sft_update,
+    task_splits,
+)
 from .loss import batch_logprobs, grpo_loss, model_device, token_logprobs
 from .partial import train_top_layers
 from .report import save_learning_curve, write_summary
@@ -71,6 +79,7 @@ __all__ = [
     "batch_logprobs",
     "check_logprob_convention",
     "collect_rollouts",
+    "flush_denormals",
     "group_advantages",
     "grpo_loss",
     "grpo_update",
