@@ -39,8 +39,9 @@ TASK_COLUMN_HELP = {
 
 LOGPROB_CONVENTION_KEY = "hf_rollouts_logprob_convention"
 """Dataset-card YAML key of the stored log-probs' convention, ``{"kind": "raw" | "processed",
-"temperature": T}`` (the values are ``log_softmax(logits / T)``); absent for hf_rollouts' own
-agents, whose log-probs are always at the sampling temperature. See :mod:`hf_rollouts.training.convention`."""
+"temperature": T}`` (the values are ``log_softmax(logits / T)``), written by the inference-server agents. Every
+rollout also records its settings in the ``logprob_settings`` column (:data:`LOGPROB_SETTINGS`), which training reads
+first. See :mod:`hf_rollouts.training.convention`."""
 
 PAD_TOKEN = "pad_token"
 """Padding marker of the id column: the tokenizer's ``pad_token_id``."""
