@@ -25,6 +25,7 @@ def main(rows_dir: str, out: str) -> None:
         weights = accelerator.unwrap_model(model).state_dict()
         torch.save({k: v.detach().cpu() for k, v in weights.items()}, out)
     print(f"process {accelerator.process_index} of {accelerator.num_processes}: {m.steps} steps", flush=True)
+    print(f"loss {m.loss:.8f} clip {m.clip_fraction:.8f} grad_norm {m.grad_norm:.8f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ As in tests/test_multiprocess.py, the two processes are started with torch.distr
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -37,9 +38,9 @@ def test_grpo_update_in_two_processes_equals_one(tiny, tmp_path):
         port = s.getsockname()[1]
     two = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(port), str(WORKER), str(tmp_path / "rows"), str(tmp_path / "two.pt")]  # fmt: skip
-    run = subprocess.run(two, env=launch_env(), capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "process 1 of 2: 6 steps" in run.stdout and "process 0 of 2: 6 steps" in run.stdout
+    two = subprocess.run(two, env=launch_env(), capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "process 1 of 2: 6 steps" in two.stdout and "process 0 of 2: 6 steps" in two.stdout
     one = subprocess.run([sys.executable, str(WORKER), str(tmp_path / "rows"), str(tmp_path / "one.pt")],
                          env=launch_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
     assert one.returncode == 0 and "process 0 of 1: 6 steps" in one.stdout, one.stderr[-3000:]
@@ -51,3 +52,10 @@ def test_grpo_update_in_two_processes_equals_one(tiny, tmp_path):
     print(f"one-process step {step:.3g}, two-process gap {gap:.3g}")
     assert step > 1e-3, step  # the update moved the weights
     assert gap < 1e-3 * step, (gap, step)  # and two processes moved them as one does (float rounding apart)
+    # the metrics are the minibatches' own, over both processes' shares, in every process
+    metrics = [
+        [float(x) for x in re.findall(r"loss (\S+) clip (\S+) grad_norm (\S+)", r.stdout)[0]] for r in (one, two)
+    ]
+    assert re.findall(r"loss .*", two.stdout)[0] == re.findall(r"loss .*", two.stdout)[-1]
+    for a1, b1 in zip(*metrics):
+        assert abs(a1 - b1) < 1e-5 * max(1.0, abs(a1)), metrics

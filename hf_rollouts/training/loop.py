@@ -99,7 +99,8 @@ class UpdateConfig:
 class UpdateMetrics:
     """What :func:`grpo_update` did: ``steps`` optimizer steps over ``rollouts`` rows; ``loss``, ``clip_fraction``,
     ``approx_kl`` (k3 vs the sampling policy), ``kl`` (vs the reference, 0 without) and ``grad_norm`` (before
-    clipping) are means over this process's steps, NaN when there was no step."""
+    clipping) are means over the steps (each step's over its whole minibatch, every process's share), NaN when there
+    was no step."""
 
     steps: int = 0
     rollouts: int = 0
@@ -210,7 +211,13 @@ def grpo_update(
                 logs["grad_norm"].append(float(clip(params, norm)))
                 optimizer.step()
                 optimizer.zero_grad()
-                for key in ("loss", "clip_fraction", "approx_kl_old", "kl"):
+                keys = ("loss", "clip_fraction", "approx_kl_old", "kl")
+                if world > 1:  # the minibatch's token means, over every process's share
+                    n = metrics["num_tokens"] if real else 0
+                    sums = torch.tensor([metrics[k] * n for k in keys] + [n], dtype=torch.float64, device=device)
+                    sums = accelerator.reduce(sums, "sum").tolist()
+                    metrics = {k: v / max(sums[-1], 1.0) for k, v in zip(keys, sums)}
+                for key in keys:
                     logs[key].append(metrics[key])
     finally:
         model.eval()
