@@ -31,189 +31,98 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator, PartialState
-from transformers import HfArgumentParser
 
-from hf_rollouts.agents.hf import TransformersAgent
-from hf_rollouts.agents.loading import load_agent
-from hf_rollouts.evaluation import evaluate_agent, evaluation_of
+from hf_rollouts import training
+from hf_rollouts.evaluation import evaluation_of
 from hf_rollouts.seeding import derive_seed
-from hf_rollouts.training import (
-    ADVANTAGE_MODES,
-    UpdateConfig,
-    collect_rollouts,
-    flush_denormals,
-    grpo_update,
-    prepare_rollouts,
-    save_learning_curve,
-    shuffle_advantages,
-    task_splits,
-    train_top_layers,
-    write_summary,
-)
+from hf_rollouts.training import runs
 
-CONTROLS = ("none", "shuffle")
-
-
-def flag(default, help: str):
-    return field(default=default, metadata={"help": help})
+LR_HELP = "AdamW learning rate (1e-2 suits the tiny model; 3e-5 for SmolLM2)."
+Run = runs.with_defaults(runs.RunOptions, helps={"lr": LR_HELP}, output_dir="outputs/train_grpo")
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Run, runs.TaskFileOptions, runs.RoundOptions):
     """Settings of :func:`train`; every field is a ``--flag`` of the script."""
 
-    iterations: int = flag(20, "Generate-then-update rounds.")
-    seed: int = flag(0, "Seeds model init, sampling and minibatch order.")
-    output_dir: str = flag("outputs/train_grpo", "metrics.json, summary.json and the plot go here.")
-    tasks_per_iter: int = flag(32, "Task rows (GRPO groups) per iteration.")
-    num_rollouts: int = flag(8, "Rollouts per task (the group size).")
-    lr: float = flag(1e-2, "AdamW learning rate (1e-2 suits the tiny model; 3e-5 for SmolLM2).")
-    minibatch_size: int = flag(64, "Rollouts per optimizer step (16 for SmolLM2).")
-    ppo_epochs: int = flag(1, "Passes over each iteration's rollouts.")
-    clip_eps: float = flag(0.2, "PPO ratio clip.")
-    max_grad_norm: float = flag(1.0, "Gradient clipping norm.")
-    advantage: str = flag("grpo", f"One of {ADVANTAGE_MODES}.")
-    keep_constant_groups: bool = flag(False, "Train on groups with zero reward variance too.")
-    low: int = flag(3, "GuessNumberEnv low.")
-    high: int = flag(3, "GuessNumberEnv high (== low: a fixed answer the policy can learn).")
-    max_turns: int = flag(1, "GuessNumberEnv max_turns.")
-    max_new_tokens: int = flag(3, "Token budget of one agent turn.")
-    temperature: float = flag(1.0, "Sampling temperature (log-probs are recomputed at the one the rollouts record).")
-    model_size: str = flag("tiny", "build_tiny_model size: tiny or small.")
-    model: str = flag("tiny", "'tiny' (embedded, --model-size), 'smollm2', 'smollm2-tools' or a model id/path.")
-    env: str = flag("guess_number", "A registered env name or an env class path.")
-    env_config: str | None = flag(None, "The env's env_config as JSON (guess_number: from --low, --high, --max-turns).")
-    tasks: str | None = flag(None, "Task rows to train on (save_to_disk folder, .json/.jsonl/.parquet); no --env then.")
-    eval_tasks_path: str | None = flag(None, "Held-out task rows (as --tasks); --eval-tasks N takes the first N.")
-    eval_tasks: int = flag(0, "Held-out rows (the env's eval split or --eval-tasks-path) to evaluate on; 0: no.")
-    eval_rollouts: int = flag(1, "Episodes per held-out row.")
-    eval_every: int = flag(0, "Also evaluate every N iterations (0: before and after).")
-    control: str = flag("none", f"One of {CONTROLS}: 'shuffle' permutes the advantages within each group.")
-    trainable_layers: int = flag(0, "Train only the top N decoder layers and the final norm (0: every parameter).")
-    share_prefix: bool = flag(False, "Run the tokens every row of a minibatch begins with once.")
-    plot: str | None = flag(None, "PNG path (default OUTPUT_DIR/learning_curve.png); 'none' to skip.")
-    keep_rollouts: bool = flag(False, "Save every iteration's rollouts under OUTPUT_DIR/rollouts.")
-    quiet: bool = flag(False, "Do not print the table.")
-    keep_denormals: bool = flag(False, "Do not flush float32 denormals (the tiny model runs 10-20x slower with them).")
+    ppo_epochs: int = runs.flag(1, "Passes over each iteration's rollouts.")
+    advantage: str = runs.flag("grpo", f"One of {training.ADVANTAGE_MODES}.")
+    keep_constant_groups: bool = runs.flag(False, "Train on groups with zero reward variance too.")
+    model_size: str = runs.flag("tiny", "build_tiny_model size: tiny or small.")
+    eval_every: int = runs.flag(0, "Also evaluate every N iterations (0: before and after).")
+    share_prefix: bool = runs.flag(False, "Run the tokens every row of a minibatch begins with once.")
+    keep_rollouts: bool = runs.flag(False, "Save every iteration's rollouts under OUTPUT_DIR/rollouts.")
+    keep_denormals: bool = runs.flag(
+        False, "Do not flush float32 denormals (the tiny model is 10-20x slower with them)."
+    )
 
 
-@dataclass
-class IterationStats:
-    """One row of the learning curve: ``mean_reward`` and ``solve_rate`` (the ``solved`` column; errors count as
-    unsolved) of the rollouts sampled before the iteration's update, the update's means (NaN without a step),
-    rollouts kept / generated, whether the agent's fingerprint moved, and the held-out evaluation after, if any."""
-
-    iteration: int
-    mean_reward: float
-    solve_rate: float
-    loss: float
-    trained_rollouts: int
-    rollouts: int
-    errors: int
-    clip_fraction: float
-    approx_kl: float
-    grad_norm: float
-    fingerprint_changed: bool
-    seconds: float
-    tool_rate: float = 0.0
-    heldout: dict | None = None
-
-
-def task_sets(cfg, tokenizer, num_train: int):
-    """``(train rows, held-out rows)`` of ``--tasks`` / ``--eval-tasks-path`` or the env's splits."""
-    config = json.loads(cfg.env_config) if cfg.env_config else None
-    if config is None and cfg.env == "guess_number":
-        config = {"low": cfg.low, "high": cfg.high, "max_turns": cfg.max_turns}
-    return task_splits(tokenizer, env=cfg.env, env_config=config, tasks=cfg.tasks, eval_tasks=cfg.eval_tasks_path,
-                       num_train=num_train, num_eval=cfg.eval_tasks)  # fmt: skip
-
-
-def train(cfg: TrainConfig, command: str | None = None) -> list[IterationStats]:
-    """Run GRPO as the module docstring says; one :class:`IterationStats` per iteration (``command`` goes to
-    ``summary.json``)."""
-    if cfg.advantage not in ADVANTAGE_MODES or cfg.control not in CONTROLS:
-        raise ValueError(f"--advantage must be one of {ADVANTAGE_MODES} and --control one of {CONTROLS}.")
-    with flush_denormals(not cfg.keep_denormals):
+def train(cfg: TrainConfig, command: str | None = None) -> list[runs.IterationStats]:
+    """Run GRPO as the module docstring says; one :class:`~hf_rollouts.training.runs.IterationStats` per iteration
+    (``command`` goes to ``summary.json``)."""
+    if cfg.advantage not in training.ADVANTAGE_MODES or cfg.control not in runs.CONTROLS:
+        raise ValueError(f"--advantage must be one of {training.ADVANTAGE_MODES}, --control of {runs.CONTROLS}.")
+    with training.flush_denormals(not cfg.keep_denormals):
         return _train(cfg, command)
 
 
-def _train(cfg: TrainConfig, command: str | None) -> list[IterationStats]:
+def _train(cfg: TrainConfig, command: str | None) -> list[runs.IterationStats]:
     started, accelerator, out = (time.perf_counter(), time.process_time()), Accelerator(), Path(cfg.output_dir)
-    torch.manual_seed(cfg.seed)
-    loaded = load_agent(
-        "tiny-small" if cfg.model == "tiny" and cfg.model_size != "tiny" else cfg.model, model_seed=cfg.seed
-    )
-    model, tokenizer = loaded.model, loaded.tokenizer
-    agent = TransformersAgent(
-        model,
-        tokenizer,
-        temperature=cfg.temperature,
-        max_new_tokens=cfg.max_new_tokens,
-        seed=cfg.seed,
-        device=accelerator.device,
-        name=f"{model.config._name_or_path}-grpo",
-    )
-    params = train_top_layers(model, cfg.trainable_layers) if cfg.trainable_layers else list(model.parameters())
+    spec = "tiny-small" if cfg.model == "tiny" and cfg.model_size != "tiny" else cfg.model
+    model, tokenizer, agent, params = runs.load_policy(cfg, spec=spec, device=accelerator.device, suffix="grpo")
     policy, optimizer = accelerator.prepare(model, torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0))
-    all_tasks, eval_tasks = task_sets(cfg, tokenizer, cfg.tasks_per_iter * cfg.iterations)
-    update = UpdateConfig(cfg.minibatch_size, cfg.ppo_epochs, cfg.clip_eps, 0.0, cfg.max_grad_norm, cfg.share_prefix)
+    all_tasks, eval_tasks = training.task_splits(
+        tokenizer, env=cfg.env, env_config=runs.env_config_of(cfg), tasks=cfg.tasks, eval_tasks=cfg.eval_tasks_path,
+        num_train=cfg.tasks_per_iter * cfg.iterations, num_eval=cfg.eval_tasks)  # fmt: skip
+    update = training.UpdateConfig(cfg.minibatch_size, cfg.ppo_epochs, cfg.clip_eps, 0.0, cfg.max_grad_norm,
+                                   cfg.share_prefix)  # fmt: skip
     main = accelerator.is_main_process
-
-    def heldout(tag: str) -> dict | None:
-        if eval_tasks is None:
-            return None
-        result = evaluate_agent(eval_tasks, agent, cfg.eval_rollouts, seed=derive_seed("train_grpo_eval", cfg.seed))
-        if main and not cfg.quiet:
-            print(f"held-out ({tag}): {result.describe()}", flush=True)
-        return result.as_dict()
-
-    base, history = heldout("eval_before"), []
+    base, history = runs.heldout(eval_tasks, agent, cfg, "eval_before", show=main), []
     for it in range(cfg.iterations):
         start, seed = time.perf_counter(), derive_seed("train_grpo", cfg.seed, it)
         probe = agent.fingerprint()["weights_probe"]
         tasks = all_tasks.select([(it * cfg.tasks_per_iter + j) % len(all_tasks) for j in range(cfg.tasks_per_iter)])
-        rollouts = collect_rollouts(tasks, agent, cfg.num_rollouts, seed=seed)
+        rollouts = training.collect_rollouts(tasks, agent, cfg.num_rollouts, seed=seed)
         if cfg.keep_rollouts and main:
             rollouts.save_to_disk(str(out / "rollouts" / f"iter{it:04d}"))
         with accelerator.main_process_first():
-            prepared = prepare_rollouts(rollouts, flatten=True, advantage=cfg.advantage,
-                                        drop_constant_groups=not cfg.keep_constant_groups, progress=False)  # fmt: skip
+            prepared = training.prepare_rollouts(rollouts, flatten=True, advantage=cfg.advantage, progress=False,
+                                                 drop_constant_groups=not cfg.keep_constant_groups)  # fmt: skip
         rows = prepared.dataset
         if cfg.control == "shuffle" and len(rows):
-            rows = shuffle_advantages(rows, derive_seed("train_grpo_control", cfg.seed, it))
+            rows = training.shuffle_advantages(rows, derive_seed("train_grpo_control", cfg.seed, it))
         played = evaluation_of(rollouts)
-        m = grpo_update(policy, optimizer, rows, pad_token_id=tokenizer.pad_token_id, config=update, seed=seed,
-                        accelerator=accelerator)  # fmt: skip
+        m = training.grpo_update(policy, optimizer, rows, pad_token_id=tokenizer.pad_token_id, config=update,
+                                 seed=seed, accelerator=accelerator)  # fmt: skip
         changed = agent.fingerprint()["weights_probe"] != probe
         if m.steps and not changed:
             print(f"warning: iteration {it}: the weights probe did not move with the update.", file=sys.stderr)
         report = prepared.report
-        stats = IterationStats(it, played.mean_reward, played.success, m.loss, report.rollouts_out,
+        stats = runs.IterationStats(it, played.mean_reward, played.success, m.loss, report.rollouts_out,
                                report.rollouts_in, report.errors, m.clip_fraction, m.approx_kl, m.grad_norm, changed,
                                time.perf_counter() - start, played.tool_rate)  # fmt: skip
         history.append(stats)
         if main and not cfg.quiet:
-            print(("" if it else TABLE_HEADER + "\n") + format_row(stats), flush=True)
+            print(("" if it else runs.TABLE_HEADER + "\n") + runs.format_row(stats), flush=True)
         if it == cfg.iterations - 1 or (cfg.eval_every and (it + 1) % cfg.eval_every == 0):
-            stats.heldout = heldout(f"eval_{it:04d}")
+            stats.heldout = runs.heldout(eval_tasks, agent, cfg, f"eval_{it:04d}", show=main)
     if main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.json").write_text(json.dumps([dataclasses.asdict(s) for s in history], indent=1))
         curve = [{"iteration": s.iteration, **s.heldout} for s in history if s.heldout]
         steps = [{"step": s.iteration + 1, "reward": s.mean_reward, "success": s.solve_rate, "tool_rate": s.tool_rate}
                  for s in history]  # fmt: skip
-        after = history[-1].heldout if history else base
-        write_summary(out, command=command, config=dataclasses.asdict(cfg), steps=steps, started=started,
-                      heldout_before=base, heldout_after=after, heldout_curve=curve)  # fmt: skip
+        training.write_summary(out, command=command, config=dataclasses.asdict(cfg), steps=steps, started=started,
+                               heldout_before=base, heldout_after=history[-1].heldout if history else base,
+                               heldout_curve=curve)  # fmt: skip
         plot = cfg.plot if cfg.plot is not None else str(out / "learning_curve.png")
         if plot.lower() != "none" and history:
             rounds = [{"x": s.iteration, "reward": s.mean_reward, "solve rate": s.solve_rate,
@@ -221,33 +130,14 @@ def _train(cfg: TrainConfig, command: str | None) -> list[IterationStats]:
             points = ([(-1, base)] if base else []) + [(s.iteration, s.heldout) for s in history if s.heldout]
             control = ", CONTROL: advantages shuffled" if cfg.control == "shuffle" else ""
             title = f"GRPO, {cfg.model}, {cfg.tasks or cfg.env}, {cfg.tasks_per_iter}x{cfg.num_rollouts}/iter{control}"
-            save_learning_curve(plot, rounds, heldout=points, title=title, curves=("reward", "solve rate", "tool_rate"))
+            curves = ("reward", "solve rate", "tool_rate")
+            training.save_learning_curve(plot, rounds, heldout=points, title=title, curves=curves)
     return history
 
 
-TABLE_HEADER = (
-    f"{'iter':>4} | {'mean_reward':>11} | {'solve_rate':>10} | {'loss':>8} | {'grad_norm':>9} | "
-    f"{'trained':>7} | {'clip':>5} | {'sec':>5}"
-)
-
-
-def format_row(s: IterationStats) -> str:
-    """One table line; ``-`` where no update happened (every group had equal rewards and was dropped)."""
-
-    def num(x: float, width: int, digits: int) -> str:
-        return f"{'-':>{width}}" if math.isnan(x) else f"{x:>{width}.{digits}f}"
-
-    return (
-        f"{s.iteration:>4} | {s.mean_reward:>11.4f} | {s.solve_rate:>10.4f} | {num(s.loss, 8, 4)} | "
-        f"{num(s.grad_norm, 9, 4)} | {s.trained_rollouts:>3}/{s.rollouts:<3} | {num(s.clip_fraction, 5, 3)} | "
-        f"{s.seconds:>5.1f}"
-    )
-
-
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    """The flags of :class:`TrainConfig` (transformers' ``HfArgumentParser``)."""
-    (cfg,) = HfArgumentParser(TrainConfig, description=__doc__.split("\n\n")[0]).parse_args_into_dataclasses(argv)
-    return cfg
+    """The flags of :class:`TrainConfig`."""
+    return runs.parse_options(TrainConfig, argv, __doc__.split("\n\n")[0])
 
 
 def main(argv: list[str] | None = None) -> int:

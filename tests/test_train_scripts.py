@@ -245,3 +245,48 @@ def test_train_trl_takes_task_rows_from_files(trl_script, tmp_path):
     rows = trl_script.train(trl_script.parse_args(argv))
     summary = json.loads((tmp_path / "trl" / "summary.json").read_text())
     assert len(rows) == 1 and summary["heldout_after"]["episodes"] == 2
+
+
+# The flags and defaults each script's --help listed before its options moved into hf_rollouts.training.runs
+# (captured from main at 69cd5b5): the scripts keep them exactly.
+_COMMON = {"--seed": "0", "--model": "tiny", "--env-config": "None", "--control": "none", "--trainable-layers": "0",
+           "--temperature": "1.0", "--quiet": "False"}  # fmt: skip
+_FILES = {"--tasks": "None", "--eval-tasks-path": "None", "--low": "3", "--high": "3", "--eval-tasks": "0",
+          "--eval-rollouts": "1", "--env": "guess_number", "--max-new-tokens": "3"}  # fmt: skip
+_ROUNDS = {"--iterations": "20", "--num-rollouts": "8", "--minibatch-size": "64", "--clip-eps": "0.2",
+           "--max-grad-norm": "1.0", "--plot": "None"}  # fmt: skip
+SCRIPT_FLAGS = {
+    "train_grpo": {**_COMMON, **_FILES, **_ROUNDS, "--output-dir": "outputs/train_grpo", "--tasks-per-iter": "32",
+                   "--lr": "0.01", "--ppo-epochs": "1", "--advantage": "grpo", "--keep-constant-groups": "False",
+                   "--max-turns": "1", "--model-size": "tiny", "--eval-every": "0", "--share-prefix": "False",
+                   "--keep-rollouts": "False", "--keep-denormals": "False"},
+    "train_tools": {**_COMMON, **_ROUNDS, "--output-dir": "outputs/train_tools", "--env": "hidden_function",
+                    "--max-coef": "9", "--max-x": "9", "--max-turns": "2", "--demo-tool-rate": "0.5",
+                    "--demo-tasks": "64", "--demo-rollouts": "4", "--sft-steps": "150", "--sft-batch-size": "32",
+                    "--sft-lr": "0.003", "--tasks-per-iter": "16", "--lr": "0.003", "--max-new-tokens": "64",
+                    "--eval-tasks": "64", "--eval-rollouts": "2", "--eval-base": "True", "--no-eval-base": "False",
+                    "--sft-only": "False", "--trl": "False"},
+    "train_trl": {**_COMMON, **_FILES, "--max-steps": "30", "--num-generations": "8", "--tasks-per-step": "4",
+                  "--steps-per-generation": "1", "--lr": "0.03", "--max-turns": "2", "--fp32": "False",
+                  "--use-vllm": "False", "--vllm-server-base-url": "None", "--output-dir": "None"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPT_FLAGS))
+def test_each_script_s_help_lists_the_flags_and_defaults_it_always_had(name, capsys):
+    import re
+
+    script = _script(name)
+    try:
+        with pytest.raises(SystemExit):
+            script.parse_args(["--help"])
+    finally:
+        sys.modules.pop(name, None)
+    options = capsys.readouterr().out.split("options:", 1)[1]
+    listed = {}
+    for block in re.split(r"\n(?=  -)", options):
+        flags = re.split(r"\s{2,}", block.strip().split("\n")[0])[0]  # "--a_b A_B, --a-b A_B" or "--a A"
+        if flags.startswith("--"):
+            default = re.match(r".*\(default: (.*?)\)$", " ".join(block.split())).group(1)
+            listed[re.findall(r"--[\w-]+", flags)[-1]] = default
+    assert listed == SCRIPT_FLAGS[name]
