@@ -103,6 +103,7 @@ def handmade_rollouts() -> Dataset:
                 "num_tool_calls": [0 for _ in group],
                 "num_tool_errors": [0 for _ in group],
                 "tool_calls": [[] for _ in group],
+                "infos": [None for _ in group],
             }
         )
     unknown = set(ROLLOUT_FEATURES) - set(rows[0])
