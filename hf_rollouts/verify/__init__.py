@@ -7,7 +7,8 @@
   :mod:`.extract`;
 * the shipped verifiers, by spec name: ``exact`` (:class:`ExactMatch`), ``numeric`` (:class:`Numeric`), ``format``
   (:class:`FormatRegex`), ``math`` (:class:`MathVerifier`, the optional ``math-verify`` extra) and ``trl``
-  (:class:`TRLReward`: any TRL reward function, called as TRL calls it).
+  (:class:`TRLReward`: any TRL reward function, called as TRL calls it), ``code`` (:class:`CodeVerifier`: the
+  reply's code against the row's tests, in the sandbox of :mod:`hf_rollouts.sandbox`).
 
 Environments (:class:`hf_rollouts.envs.dataset.DatasetEnv`) hold a rubric and await its ``ascore``.
 """
@@ -25,6 +26,7 @@ from .base import (
     verifier_class,
 )
 from .checks import ExactMatch, FormatRegex, Numeric, normalize, parse_number
+from .code import CodeVerifier
 from .extract import EXTRACTIONS, check_extraction, code_block, extract_answer, last_boxed, last_number
 from .mathverify import MathVerifier, math_equal
 from .rubric import Rubric, UnscorableError
@@ -33,6 +35,7 @@ from .trl_reward import TRLReward
 __all__ = [
     "EXTRACTIONS",
     "VERIFIERS",
+    "CodeVerifier",
     "ExactMatch",
     "FormatRegex",
     "MathVerifier",

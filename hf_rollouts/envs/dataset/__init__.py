@@ -2,14 +2,18 @@
 :func:`to_task_rows` (a dataset's columns -> task rows, for ``Dataset.map``)."""
 
 from .env import DEFAULT_FEEDBACK, DatasetConfig, DatasetEnv, DatasetEpisode, prompt_parts
+from .humaneval import CODE_ENV_CONFIG, humaneval_problems, humaneval_tasks
 from .rows import TaskRows, load_source, to_task_rows
 
 __all__ = [
+    "CODE_ENV_CONFIG",
     "DEFAULT_FEEDBACK",
     "DatasetConfig",
     "DatasetEnv",
     "DatasetEpisode",
     "TaskRows",
+    "humaneval_problems",
+    "humaneval_tasks",
     "load_source",
     "prompt_parts",
     "to_task_rows",
