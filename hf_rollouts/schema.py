@@ -216,6 +216,14 @@ ROLLOUT_COLUMNS: tuple[Column, ...] = (
         "[rollout] each tool call: agent turn, tool name, arguments, status (`ok`, `error`, `timeout`, "
         "`malformed`, `limit`, `not_run`) and seconds",
     ),
+    Column(
+        "infos",
+        "info_json",
+        Value("string"),
+        None,
+        "[rollout] the env's `info` of the last agent turn as JSON text (`json.loads` it), e.g. a dataset env's "
+        "extracted answer, reward components and the reason for a 0; null when empty (no step, or a failed one)",
+    ),
 )
 
 ROLLOUT_FEATURES = Features({c.name: c.feature for c in ROLLOUT_COLUMNS})

@@ -104,6 +104,7 @@ def handmade_rollouts() -> Dataset:
                 "num_tool_errors": [0 for _ in group],
                 "tool_calls": [[] for _ in group],
                 "logprob_settings": [None for _ in group],  # a hand-made dataset: nothing recorded
+                "infos": [None for _ in group],
             }
         )
     unknown = set(ROLLOUT_FEATURES) - set(rows[0])

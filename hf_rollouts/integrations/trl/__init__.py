@@ -29,8 +29,9 @@ How it fits TRL (facts read from trl 1.16's ``grpo_trainer.py``):
   ``prompt_ids`` (the episode's first prompt), ``completion_ids`` (everything after it, agent and
   env tokens), ``logprobs`` (``log_softmax(logits / args.temperature)`` of each agent token, 0 on
   env tokens: the quantity TRL recomputes), ``env_mask`` (1 on agent tokens, which alone get
-  loss), and the fields ``env_final_reward``, ``env_status``, ``env_error``, ``env_num_turns`` and
-  ``env_messages`` and ``env_session_id``, which TRL passes to reward functions as keyword arguments.
+  loss), and the fields ``env_final_reward``, ``env_status``, ``env_error``, ``env_num_turns``,
+  ``env_messages``, ``env_info`` (the ``infos`` column's JSON text) and ``env_session_id``, which TRL passes to
+  reward functions as keyword arguments.
 * A turn ends at the first of: the tokenizer's eos, the chat template's end token, or any id of the
   model's ``generation_config.eos_token_id`` (Llama-3.1 lists ``<|eom_id|>`` there), the union TRL
   itself stops on (plus the template's end token).

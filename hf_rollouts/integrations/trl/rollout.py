@@ -18,8 +18,18 @@ from ...types import Episode
 from .agents import TrainerPolicyAgent, TRLSampling, VLLMServerAgent, generation_mode, stop_token_ids, vllm_client
 from .dataset import task_from_prompt
 
-EXTRA_FIELDS = ("env_final_reward", "env_status", "env_error", "env_num_turns", "env_messages", "env_session_id")
-"""Per-row fields the rollout function returns besides TRL's; reward functions get them as kwargs."""
+EXTRA_FIELDS = (
+    "env_final_reward",
+    "env_status",
+    "env_error",
+    "env_num_turns",
+    "env_messages",
+    "env_info",
+    "env_session_id",
+)
+"""Per-row fields the rollout function returns besides TRL's; reward functions get them as kwargs. ``env_info`` is
+the stored ``infos`` value: the env's ``info`` of the last turn as JSON text, or ``None``
+(:attr:`hf_rollouts.types.Episode.info_json`)."""
 
 
 @dataclass
@@ -164,6 +174,7 @@ def episode_to_trl_row(episode: Episode, pad_id: int) -> dict[str, Any]:
         "env_error": episode.error,
         "env_num_turns": int(episode.num_turns),
         "env_messages": episode.messages,
+        "env_info": episode.info_json,
     }
 
 
