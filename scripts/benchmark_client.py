@@ -110,17 +110,18 @@ class Server:
 
     def stats(self, concurrency: int) -> dict:
         """The ideal of the latency requests since the last call (see the module docstring), then a fresh log."""
-        by_len: dict[int, dict[tuple, float]] = {}
+        by_len: dict[int, dict[tuple, list[float]]] = {}  # answered sequences (two episodes may share one: a list)
         longest, chains, total = 0.0, 0, 0.0
         for seq, answered, latency in self.log:
             before = None
             for n in sorted((n for n in by_len if n < len(seq)), reverse=True):
-                before = by_len[n].pop(seq[:n], None)
-                if before is not None:
+                waiting = by_len[n].get(seq[:n])
+                if waiting:
+                    before = waiting.pop(0)
                     break
             chains += before is None
             done = (before or 0.0) + latency
-            by_len.setdefault(len(answered), {})[answered] = done
+            by_len.setdefault(len(answered), {}).setdefault(answered, []).append(done)
             longest, total = max(longest, done), total + latency
         ideal = max(longest, total / max(1, concurrency)) if self.log else 0.0
         cpu, self.cpu0 = self.cpu0, _cpu()
@@ -253,7 +254,8 @@ def start_server(args: argparse.Namespace, guesses: str) -> tuple[subprocess.Pop
 def run_client(args: argparse.Namespace, tree: str, url: str, runs: list[dict]) -> list[dict]:
     spec = {"url": url, "tree": tree, "runs": runs, "tasks": args.tasks, "rollouts": args.rollouts,
             "turns": args.turns, "timeout": args.timeout}  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    path = os.pathsep.join(p for p in (str(Path(tree).resolve()), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     cmd = [sys.executable, str(SCRIPT), "--client", json.dumps(spec)]
     budget = args.timeout * 4 + 600  # bounded whatever happens
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=budget, cwd=tree)
@@ -338,8 +340,13 @@ def main(argv: list[str] | None = None) -> int:
             for k in range(max(args.rounds, args.big_rounds)):
                 runs = [g for g in grid if k < (args.big_rounds if g["concurrency"] >= 1024 else args.rounds)]
                 for tree in args.trees if k % 2 == 0 else args.trees[::-1]:
-                    results += run_client(args, tree, url, runs)
+                    done = run_client(args, tree, url, runs)
+                    results += done
                     print(f"round {k + 1}, {tree}: done; load average {os.getloadavg()}", flush=True)
+                    for r in done:
+                        print(f"  {r['server']} {r['mode']} {r['concurrency']}: {r['requests'] / r['wall']:.0f} req/s, "
+                              f"{1000 * r['cpu'] / r['requests']:.2f} ms CPU/request, wall {r['wall']:.2f} s, ideal "
+                              f"{r['ideal']:.2f} s, errors {r['errors']}", flush=True)  # fmt: skip
         finally:
             proc.stdin.close()
             try:
