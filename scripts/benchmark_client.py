@@ -23,6 +23,9 @@ server (``instant``, ``latency``), mode (``chat``, ``tokens``) and concurrency (
   turn), and the ideal is the longest chain of latencies, or, with fewer slots than episodes, the sum of all
   latencies / concurrency when that is longer (a lower bound). ``chains`` should equal the episodes.
 
+``--http-only`` times the agent's HTTP client alone (``JSONClient``: no engine, env or dataset), as many episodes of
+``--turns`` POSTs each, every prompt extending the previous answer, so the same ideal applies.
+
 Every side runs ``--rounds`` times (concurrency 1024: ``--big-rounds``), the trees taking turns (ABBA), and its best
 is printed with the spread. Everything stays on 127.0.0.1; each run is bounded (the agent's deadline, ``--timeout``,
 and no retries: an error is counted, never hidden), and the server exits with this script (its stdin closes) or
@@ -64,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sigma", type=float, default=0.8, help="latency server: log-normal sigma")
     p.add_argument("--timeout", type=float, default=60.0, help="the agent's deadline per request, seconds")
     p.add_argument("--server-lifetime", type=float, default=3600.0)
+    p.add_argument(
+        "--http-only", action="store_true", help="the HTTP layer alone: episodes of --turns POSTs, no engine"
+    )
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--guesses", help=argparse.SUPPRESS)
     p.add_argument("--client", help=argparse.SUPPRESS)
@@ -213,6 +219,9 @@ def client(args: argparse.Namespace) -> None:
     spec = json.loads(args.client)
     tokenizer = build_tokenizer()
     for run in spec["runs"]:
+        if spec.get("http_only"):
+            print(RESULT + json.dumps(http_only(spec, run)), flush=True)
+            continue
         c, rollouts = run["concurrency"], spec["rollouts"]
         tasks_n = max(spec["tasks"], math.ceil(c / rollouts))
         env_config = {"max_turns": spec["turns"], "num_symbols": 6}
@@ -239,6 +248,49 @@ def client(args: argparse.Namespace) -> None:
         print(RESULT + json.dumps(result), flush=True)
 
 
+def http_only(spec: dict, run: dict) -> dict:
+    """``--http-only``: the agent's HTTP client (``JSONClient``) alone, no engine, env or dataset: as many episodes as
+    the normal run, ``concurrency`` alive, each ``turns`` POSTs whose prompts extend the previous answer."""
+    from hf_rollouts.agents.openai import OpenAISettings
+    from hf_rollouts.agents.openai.http import JSONClient
+
+    c, turns = run["concurrency"], spec["turns"]
+    episodes = max(spec["tasks"] * spec["rollouts"], c)
+    root = f"{spec['url']}/{run['server']}/v1"
+    settings = OpenAISettings(base_url=root, model="m", concurrency=c, max_retries=0, timeout=spec["timeout"])
+    chat = run["mode"] == "chat"
+    url = root + ("/chat/completions" if chat else "/completions")
+    errors: list[str] = []
+
+    async def play() -> None:
+        client, slots = JSONClient(settings, None, lambda key, n=1: None), asyncio.Semaphore(c)
+
+        async def episode(e: int) -> None:
+            seq: list = [{"role": "user", "content": f"start {e}"}] if chat else [1, 2, 3, 4 + e % 500]
+            async with slots:
+                for t in range(turns):
+                    body = {"model": "m", "seed": e * 1000 + t, "max_tokens": 16}
+                    body.update({"messages": seq} if chat else {"prompt": seq, "stop_token_ids": [0]})
+                    try:
+                        answer = (await client.post(url, body))["choices"][0]
+                    except Exception as exc:  # counted, never hidden
+                        errors.append(str(exc))
+                        return
+                    said = {"role": "assistant", "content": answer["message"]["content"]} if chat else None
+                    seq = seq + ([said, {"role": "user", "content": "again"}] if chat else answer["token_ids"] + [5, 6])
+
+        await asyncio.gather(*(episode(e) for e in range(episodes)))
+        await client.close()
+
+    _get(f"{spec['url']}/stats")
+    cpu, t = _cpu(), time.perf_counter()
+    asyncio.run(play())
+    wall, cpu = time.perf_counter() - t, _cpu() - cpu
+    stats = _get(f"{spec['url']}/stats?concurrency={c}")
+    return dict(run, tree=spec["tree"], episodes=episodes, requests=stats["server_requests"], wall=wall, cpu=cpu,
+                errors=len(errors), first_error=(errors or [""])[0][:300], retries=0, **stats)  # fmt: skip
+
+
 # -- the orchestration -------------------------------------------------------------------------------------------
 def start_server(args: argparse.Namespace, guesses: str) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, str(SCRIPT), "--serve", "--guesses", guesses, "--median", str(args.median),
@@ -253,7 +305,7 @@ def start_server(args: argparse.Namespace, guesses: str) -> tuple[subprocess.Pop
 
 def run_client(args: argparse.Namespace, tree: str, url: str, runs: list[dict]) -> list[dict]:
     spec = {"url": url, "tree": tree, "runs": runs, "tasks": args.tasks, "rollouts": args.rollouts,
-            "turns": args.turns, "timeout": args.timeout}  # fmt: skip
+            "turns": args.turns, "timeout": args.timeout, "http_only": args.http_only}  # fmt: skip
     path = os.pathsep.join(p for p in (str(Path(tree).resolve()), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, PYTHONPATH=path, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     cmd = [sys.executable, str(SCRIPT), "--client", json.dumps(spec)]
