@@ -338,9 +338,7 @@ class _Engine:
             self.queue
             and busy
             and taken == self.taken
-            and all(
-                p is not None and p.clock.activity is not None and now - p.clock.since >= POLICY.STALL for p in plays
-            )
+            and all(p is not None and p.clock.running_for(now) >= POLICY.STALL for p in plays)
         ):
             POLICY.stalled({p.env_class for p in plays})
             self._wake(min(len(self.queue), self.width - len(busy)))
@@ -485,10 +483,12 @@ class _Engine:
         if self.stopped or self.floor == math.inf:
             return
         now = time.monotonic()
-        for play in [p for p in self.alive if p.clock.overrun(now)]:
-            message = play.clock.overrun(now)
-            if play.phase is Phase.RUNNING and play.clock.activity != AGENT:  # a sync hook: abandon its worker
-                play.clock.cancelled = True  # if the hook ever returns, its episode stops there
+        for play in list(self.alive):
+            # one read: a hook that returns meanwhile either returned before it (nothing passed) or was cancelled
+            message, cancelled = play.clock.expire(now, play.phase is Phase.RUNNING)
+            if message is None:
+                continue
+            if cancelled:  # a sync hook: abandon its worker (if the hook ever returns, its episode stops there)
                 play.worker.abandoned = True
                 self.workers.remove(play.worker)
                 self._finish(play, play.timed_out(message))
