@@ -182,6 +182,7 @@ def _agent(args, sampling, options, executor: str):
             "seed": options.seed,
             "backend": args.backend,
             "reuse_kv": not args.no_reuse_kv,
+            "cache": args.cache,
             "tokenizer": args.tokenizer,
             "trust_remote_code": args.trust_remote_code,
             "endpoint": {

@@ -148,6 +148,15 @@ class GenerateArgs:
             "help": "Local models: prefill the whole history every turn instead of keeping the KV cache between turns."
         },
     )
+    cache: str = field(
+        default="auto",
+        metadata={
+            "help": "Local models (generate backend): the decode cache. auto picks by device (growing on CPU, dynamic "
+            "on CUDA); growing, dynamic or static (CUDA graphs on CUDA, no reuse between turns) force one. Recorded "
+            "in the card when forced.",
+            "choices": ["auto", "growing", "dynamic", "static"],  # "auto" + agents.hf.kv_cache.CACHE_KINDS (tested)
+        },
+    )
     allow_env_module: list[str] = field(
         default_factory=list,
         metadata={

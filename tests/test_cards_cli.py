@@ -194,6 +194,23 @@ def test_cli_generate_from_env_and_errors(tmp_path, capsys):
     assert main([]) == 2 and "usage: hf-rollouts" in capsys.readouterr().out
 
 
+def test_cli_generate_takes_the_local_agents_decode_cache(tmp_path, monkeypatch):
+    """Issue 36, item 12: ``--cache`` reaches TransformersAgent(cache=...) (before, argparse took it as an
+    abbreviation of --cache-dir and wrote the cache into a folder named 'dynamic'); the card records it."""
+    from dataclasses import fields
+
+    from hf_rollouts.agents.hf.kv_cache import CACHE_KINDS
+    from hf_rollouts.cli_options import GenerateArgs
+
+    [cache] = [f for f in fields(GenerateArgs) if f.name == "cache"]
+    assert cache.metadata["choices"] == ["auto", *CACHE_KINDS]
+    monkeypatch.chdir(tmp_path)
+    generate = ["generate", "--env", "guess_number", "--num-tasks", "1", "--num-rollouts", "1", "--max-new-tokens", "4"]
+    assert main([*generate, "--cache", "dynamic", "--output", "g", "--cache-dir", str(tmp_path / "c")]) == 0
+    assert '"cache": "dynamic"' in (tmp_path / "g" / "README.md").read_text()
+    assert not (tmp_path / "dynamic").exists()
+
+
 def test_the_env_help_names_every_short_name():
     from dataclasses import fields
 

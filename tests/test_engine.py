@@ -469,3 +469,55 @@ def test_episodes_stay_typed_and_their_dicts_hold_no_env_state(tokenizer):
     assert [e.final_reward for e in group.episodes] == [2.0, 2.0]
     d = group.episodes[0].to_dict()
     assert "env_state" not in d and Episode.from_dict(d) == group.episodes[0]
+
+
+class ReturnsWhenReleased(MultistepEnv):
+    """A step that runs until the test lets it return."""
+
+    release = threading.Event()
+
+    def _initialize_episode(self, session_id, task_data):
+        return None
+
+    def _format_prompt(self, state, step):
+        return "Say something."
+
+    def _step_episode(self, session_id, state, action):
+        self.release.wait(30)
+        return state, 1.0, True, {}
+
+
+def test_a_hook_that_returns_while_the_time_limit_is_read_ends_only_its_episode(tokenizer, monkeypatch):
+    """Issue 36, item 3: the engine read the clock's verdict twice; a hook that returned between the two reads left
+    the episode timed out without a message, and Episode.check ("status 'error' iff an error message") raised inside
+    the engine, which stopped the run. The hook is made to return at that moment: while the first read runs."""
+    from hf_rollouts.rollout.episode import HookClock
+
+    ReturnsWhenReleased.release = threading.Event()
+    returned = threading.Event()
+    overrun, end = HookClock.overrun, HookClock.end
+
+    def ending(clock):
+        stepped = clock.activity == "_step_episode"
+        cancelled = end(clock)
+        if stepped:
+            returned.set()
+        return cancelled
+
+    def overrun_with_a_return(clock, now):
+        message = overrun(clock, now)
+        if message is not None and not ReturnsWhenReleased.release.is_set():
+            ReturnsWhenReleased.release.set()  # the hook returns now ...
+            returned.wait(1.0)  # ... and its end is recorded (or waits for the verdict, if the clock holds it)
+        return message
+
+    monkeypatch.setattr(HookClock, "overrun", overrun_with_a_return)
+    monkeypatch.setattr(HookClock, "end", ending)
+    env = ReturnsWhenReleased(tokenizer, {"max_turns": 1, "step_timeout": 0.2})
+    episodes = run_episodes(episode_jobs(env, [{}], 1), ScriptedAgent(["hi"]))
+    assert len(episodes) == 1
+    [episode] = episodes
+    if episode["status"] == "error":  # the verdict came first: the hook's late result is dropped
+        assert "step_timeout: _step_episode ran over 0.2 s" in episode["error"]
+    else:  # the hook returned first: its result stands
+        assert episode["status"] == "done" and episode["final_reward"] == 1.0

@@ -94,6 +94,24 @@ def test_rows_store_public_paths_and_the_trust_rule_is_unchanged(tokenizer):
     assert missing.value.name == "hf_rollouts.envs.mastermind.nope"
 
 
+def test_public_names_are_plain_modules_and_no_import_hook_is_installed():
+    """Issue 36, item 5: no finder on ``sys.meta_path`` (every import of the process passed through it, and IDEs and
+    type checkers could not resolve the public names); each public name is a file that imports the same objects."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    import hf_rollouts
+    from hf_rollouts.envs.public_names import PUBLIC_PACKAGES
+
+    assert not [f for f in sys.meta_path if type(f).__module__.startswith("hf_rollouts")]
+    root = pathlib.Path(hf_rollouts.__file__).parent / "envs"
+    for public in PUBLIC_PACKAGES:
+        for name, file in ((public, "__init__.py"), (f"{public}.env", "env.py")):
+            spec = importlib.util.find_spec(f"hf_rollouts.envs.{name}")
+            assert spec is not None and pathlib.Path(spec.origin) == root / public / file, name
+
+
 # -- Twenty Questions -----------------------------------------------------------
 def test_twenty_questions_init_parses_config(tokenizer):
     env = TwentyQuestionsEnv(tokenizer, {"hardcore": True, "max_turns": 8, "question_reward": -0.01})

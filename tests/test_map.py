@@ -3,9 +3,11 @@ through a fingerprint that never pickles the model; rows are validated; the row-
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -51,6 +53,42 @@ def test_map_rows_equal_generate_rollouts_column_by_column(tasks, hf_agent, tmp_
         fn, batched=True, batch_size=2, with_indices=True, features=fn.features(tasks)
     )
     assert list(stream) == reference.to_list()
+
+
+def _spin(stop) -> None:
+    while not stop.is_set():
+        pass
+
+
+@pytest.mark.slow  # minutes, by design: it loads every core for the whole comparison
+def test_map_rows_equal_generate_rollouts_while_the_machine_is_busy(tokenizer, hf_agent, tmp_path):
+    """Issue 36, item 0: on a busy machine the two gave the same ids but different ``padded_logprobs``. The comparison
+    runs while the test keeps the CPU busy: a busy-loop process per core, and a busy Python thread in this process
+    (it holds the GIL, so hooks look stalled to the engine, which then spreads episodes over more worker threads)."""
+    import multiprocessing
+
+    tasks = GuessNumberEnv(tokenizer, {"max_turns": 3, "high": 1000}).get_train_dataset(4)
+    ctx = multiprocessing.get_context("fork")
+    stop, thread_stop = ctx.Event(), threading.Event()
+    spinners = [ctx.Process(target=_spin, args=(stop,), daemon=True) for _ in range(os.cpu_count() or 2)]
+    busy = threading.Thread(target=_spin, args=(thread_stop,), daemon=True)
+    for p in spinners:
+        p.start()
+    busy.start()
+    try:
+        reference = generate_rollouts(
+            tasks, hf_agent, 2, seed=3, batch_size=2, cache_dir=tmp_path / "c", progress=False
+        )
+        fn = rollout_map(hf_agent, 2, seed=3)
+        out = mapped(tasks, fn, load_from_cache_file=False)
+    finally:
+        stop.set()
+        thread_stop.set()
+        for p in spinners:
+            p.join(10)
+    assert len({tuple(ids) for row in reference["padded_full_token_ids"] for ids in row}) > 1  # real sampling
+    for column in reference.column_names:
+        assert out[column] == reference[column], column
 
 
 def test_streaming_rows_equal_stored_rows_with_rewards_float32_rounds(tokenizer, tmp_path):

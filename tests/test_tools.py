@@ -113,6 +113,14 @@ def hermes_history(calls, opened_once=False):
     return "\n".join("<tool_call>\n" + b for b in body) + "<|im_end|>"
 
 
+def hermes_vllm_history(calls):
+    """vLLM's current Hermes template: ``{"name": "add"}, "arguments": {...}`` (malformed JSON) in each tag."""
+    return (
+        "".join(f'\n<tool_call>\n{{"name": "{n}"}}, "arguments": {_args(a)}\n</tool_call>' for n, a, _ in calls)[1:]
+        + "<|im_end|>"
+    )
+
+
 FAMILIES = {
     # name: (sampled text, sampled end token, the template's history text of the same turn incl. its end marker)
     "qwen2_5": (hermes, "<|im_end|>", lambda calls: hermes(calls) + "<|im_end|>"),
@@ -147,12 +155,16 @@ FAMILIES = {
     # vLLM's tool-calling templates (tests/fixtures/chat_templates/tool_templates.json)
     "hermes": (hermes, "<|im_end|>", hermes_history),
     "hermes_2_pro": (hermes, "<|im_end|>", lambda calls: hermes_history(calls, opened_once=True)),
+    # vLLM's newer Hermes template closes the JSON object after the name in history (issue 36, item 1)
+    "hermes_vllm": (hermes, "<|im_end|>", hermes_vllm_history),
     # pythonic: history re-renders each value with '%s'|format, '%sr'|format (ToolACE) or '"%s"' (Llama-4)
     "llama3_2_pythonic": (pythonic, "<|eot_id|>", lambda calls: pythonic(calls, str) + "<|eot_id|>"),
     "toolace": (pythonic, "<|eot_id|>", lambda calls: pythonic(calls, lambda v: f"{v}r") + "<|eot_id|>"),
     "llama4_pythonic": (pythonic, "<|eot|>", lambda calls: pythonic(calls, lambda v: f'"{v}"') + "<|eot|>"),
 }
 SINGLE = {"llama3", "gpt_oss"}  # one call per message
+# (history form, form when last) of tool results: vLLM's Hermes writes a newline before a PAST result's <|im_end|>
+RESULT_HISTORY = {"hermes_vllm": ("\n</tool_response>\n<|im_end|>", "\n</tool_response><|im_end|>")}
 FINAL = {"gpt_oss": ("<|channel|>final<|message|>", "<|return|>")}
 
 
@@ -192,6 +204,8 @@ def expected_prompt(tok, name, env, messages, script) -> str:
             before, after = "<|im_start|>assistant\n" + before, "<|im_start|>assistant\n" + after
         assert before in text, (before, text)
         text = text.replace(before, after, 1)
+    if name in RESULT_HISTORY:
+        text = text.replace(*RESULT_HISTORY[name])
     return text
 
 
@@ -287,6 +301,7 @@ VERIFIED = {
     "smollm": ("hermes", "SmolLM3"),  # renders no call in history: read from its tool instructions
     "hermes": ("hermes", "Hermes"),
     "hermes_2_pro": ("hermes", "Hermes"),
+    "hermes_vllm": ("hermes", "Hermes"),
     "llama3": ("llama3_json", "Llama-3"),
     "llama3_2_pythonic": ("pythonic", "Llama-3"),
     "toolace": ("pythonic", "Llama-3"),
@@ -422,6 +437,37 @@ def test_pythonic_calls_on_llama_3_2_are_run_and_malformed_ones_counted(tokenize
     )
 
 
+@pytest.mark.parametrize(
+    ("name", "end"), [("llama3_2_pythonic", "<|eot_id|>"), ("toolace", "<|eom_id|>"), ("llama4_pythonic", "<|eot|>")]
+)
+@pytest.mark.parametrize(
+    "text",
+    ['[lookup(key="lamp)]', '<|python_tag|>[lookup(key="lamp)]', '<|python_start|>[lookup(key="lamp)]<|python_end|>'],
+)
+def test_a_malformed_pythonic_call_is_recorded_malformed_and_never_run(tokenizer, name, end, text):
+    """Issue 36, item 2: an unterminated string is not a call (Python's ``ast`` is the reference), as for the JSON
+    formats: recorded ``malformed``, the model told it could not be parsed, the tool never reached."""
+    import ast
+
+    with pytest.raises(SyntaxError):
+        ast.parse('[lookup(key="lamp)]', mode="eval")
+    tok = family_tokenizer(tokenizer, name)
+    ran = []
+
+    class Watched(LookupEnv):
+        def _call_tools(self, session_id, state, calls):
+            ran.extend(calls)
+            return super()._call_tools(session_id, state, calls)
+
+    ep = Watched(tok, {})._run_complete_episode(
+        "s", LlamaAgent(tok, name, [(text, end), ("3", end)]), {}, on_error="raise"
+    )
+    assert [r["status"] for r in ep["tool_calls"]] == ["malformed"] and ep["num_tool_errors"] == 1
+    assert not ran and ep["status"] == "done"
+    answer = [m["content"] for m in ep["messages"] if m["role"] == "tool"][0]
+    assert answer.startswith("Error: this tool call could not be parsed: not a Python list of calls")
+
+
 def lookup(key: str, color: Literal["red", "blue"] = "red", n: int | None = None) -> str:
     """Look a key up.
 
@@ -484,7 +530,7 @@ class RetryCalcEnv(CalcEnv):
         return state, float(won), won, {}
 
 
-@pytest.mark.parametrize("name", ["hermes_2_pro", "qwen2_5", "llama3_2_pythonic"])
+@pytest.mark.parametrize("name", ["hermes_2_pro", "hermes_vllm", "qwen2_5", "llama3_2_pythonic"])
 def test_every_render_has_the_tools_where_the_template_needs_them(tokenizer, recording, name):
     """Hermes-2-Pro's template loops over `tools` unguarded: renders without them raised "TypeError: 'NoneType'
     object is not iterable" and the family was refused (issue 26, case 3). Tool deltas and the user delta after a
@@ -507,7 +553,9 @@ def test_every_render_has_the_tools_where_the_template_needs_them(tokenizer, rec
     assert "Try again." in tok.decode(ep["full_token_ids"])
 
 
-@pytest.mark.parametrize("name", ["hermes_2_pro", "hermes", "llama3_2_pythonic", "toolace", "llama4_pythonic"])
+@pytest.mark.parametrize(
+    "name", ["hermes_2_pro", "hermes", "hermes_vllm", "llama3_2_pythonic", "toolace", "llama4_pythonic"]
+)
 def test_check_chat_template_on_the_new_tool_templates(tokenizer, name):
     """No defect; the pythonic templates' argument rewrite is named; Hermes-2-Pro, which renders nothing without
     tools, is checked with a probe tool list instead of failing with a TypeError."""

@@ -142,6 +142,16 @@ def check_chat_template(
     return TemplateReport(f, tokenizer.convert_ids_to_tokens(list(chat.stop_token_ids)), findings)
 
 
+def _find_delta(full_text: str, delta_text: str, start: int) -> int:
+    """Where the tool-result delta begins in a full render after ``start``: its whole text, else its longest
+    prefix that is there (a template may write a past result with other whitespace than the last one), or -1."""
+    for size in range(len(delta_text), 0, -1):
+        at = full_text.find(delta_text[:size], start)
+        if at >= 0 and (size == len(delta_text) or size >= 8):
+            return at
+    return -1
+
+
 def _classify(stored: str, full: str, label: str, system_once: bool) -> TemplateFinding:
     """Name the rewrite that explains one differing region (``stored``: the deltas, ``full``: a full render;
     ``system_once``: both whole sequences hold the system prompt exactly once)."""
@@ -158,6 +168,9 @@ def _classify(stored: str, full: str, label: str, system_once: bool) -> Template
         return TemplateFinding("rewrite", "system prompt moved", where)
     if label == "whitespace" and "".join(stored.split()) == "".join(full.split()):
         return TemplateFinding("rewrite", "whitespace trimmed in history", where)
+    if label == "tool" and "".join(stored.split()) == "".join(full.split()):
+        # vLLM's Hermes template closes the last result '</tool_response><|im_end|>' but a past one with a newline
+        return TemplateFinding("rewrite", "whitespace around tool results rewritten in history", where)
     return TemplateFinding("defect", "unexplained difference", where)
 
 
@@ -197,7 +210,7 @@ def _tool_findings(chat: ChatDelta) -> list[TemplateFinding]:
             bare = chat.render([user], add_generation_prompt=False)
         start = len(first) if full_text.startswith(first) else len(bare)  # a generation prompt kept only in the ids
         delta_text, _, _ = turns._delta_text([call], ["42"], fmt)
-        at = full_text.find(delta_text, start)
+        at = _find_delta(full_text, delta_text, start)
         if at < 0:
             raise ValueError("the tool result delta is not found in a full render after the first prompt")
         call_turn = chat.encode(full_text[start:at])  # the call turn as the template writes it in history

@@ -335,13 +335,24 @@ def _json_or_none(text: str) -> Any:
         return None
 
 
+def _is_hermes_probe(body: str, name: str, args: dict[str, Any]) -> bool:
+    """A ``<tool_call>`` body is the call: its JSON, or, where the template's own history JSON is broken (vLLM's
+    Hermes template writes ``{"name": "lookup"}, "arguments": {...}``), the ``"name"`` key naming the call. Only
+    what the model samples is parsed (never the template's history render), and the result delta does not depend
+    on how a past call is rendered, so the tags and the name are all the recognition needs."""
+    if _is_probe(_json_or_none(body.strip()), name, args):
+        return True
+    return re.search(rf'"name"\s*:\s*{re.escape(json.dumps(name))}', body) is not None
+
+
 def recognise_call(text: str, name: str, args: dict[str, Any]) -> ToolFormat | None:
     """The format of ``text``: what a template rendered for an assistant message whose only tool call is
     ``name(**args)`` (between the generation prompt and the turn's end token), or ``None`` when it is none of them.
 
     The shapes: gpt-oss ``to=functions.NAME``; ``[TOOL_CALLS]`` then JSON naming the call; ``<tool_call>`` around
-    the JSON call; the JSON call as the whole message (optionally after ``<|python_tag|>``); ``[NAME(key=...)]`` as
-    the whole message. Values inside pythonic calls are not compared: templates re-render them with ``%s``.
+    the JSON call (or around a ``"name"`` key naming it: some templates' history JSON is malformed); the JSON call as
+    the whole message (optionally after ``<|python_tag|>``); ``[NAME(key=...)]`` as the whole message.
+    Values inside pythonic calls are not compared: templates re-render them with ``%s``.
     """
     body = text.strip()
     if f"to=functions.{name}" in body and "<|channel|>" in body:
@@ -350,7 +361,7 @@ def recognise_call(text: str, name: str, args: dict[str, Any]) -> ToolFormat | N
         obj = _json_or_none(body.partition("[TOOL_CALLS]")[2].strip())
         if any(_is_probe(o, name, args) for o in (obj if isinstance(obj, list) else [obj])):
             return MISTRAL
-    if any(_is_probe(_json_or_none(m.group(1).strip()), name, args) for m in _HERMES.finditer(body)):
+    if any(_is_hermes_probe(m.group(1), name, args) for m in _HERMES.finditer(body)):
         return HERMES
     if _is_probe(_json_or_none(body.removeprefix("<|python_tag|>").strip()), name, args):
         return LLAMA3_JSON

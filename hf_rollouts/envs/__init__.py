@@ -8,16 +8,12 @@
   calculator);
 * the adapters of other ecosystems' envs, in :mod:`.adapters`, on one base (:mod:`.adapters.adapter`).
 
-Games and adapters keep their public names ``hf_rollouts.envs.<name>`` (what task rows and users' imports say;
-:mod:`.public_names`). ``ENV_REGISTRY`` maps a short name to a class path; classes are imported lazily (by
-:func:`~.registry.get_env_class`) so that listing names costs nothing.
+Games and adapters keep their public names ``hf_rollouts.envs.<name>`` (what task rows and users' imports say):
+plain modules that import from where the code lives (:mod:`.public_names`). ``ENV_REGISTRY`` maps a short name to a
+class path; classes are imported lazily (by :func:`~.registry.get_env_class`) so that listing names costs nothing.
 """
 
-from . import public_names
-
-public_names.install()
-
-from .base import MultistepEnv  # noqa: E402
-from .registry import ENV_REGISTRY, get_env_class  # noqa: E402
+from .base import MultistepEnv
+from .registry import ENV_REGISTRY, get_env_class
 
 __all__ = ["ENV_REGISTRY", "MultistepEnv", "get_env_class"]

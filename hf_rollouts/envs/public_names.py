@@ -6,21 +6,16 @@ Task rows store ``env_class_path`` strings, and datasets outlive code layouts: r
 ``from hf_rollouts.envs.mastermind import MastermindEnv``. The code lives in ``envs/games/`` and
 ``envs/adapters/``; :data:`PUBLIC_PACKAGES` says where each public package lives.
 
-* Importing a public name (``import hf_rollouts.envs.mastermind``, ``...mastermind.env``, any submodule) gives the
-  very module object that lives under ``games/`` or ``adapters/`` (never a second copy, so classes compare equal):
-  a finder on ``sys.meta_path``, installed when ``hf_rollouts.envs`` is imported (:func:`install`).
+* The public packages are plain modules (``hf_rollouts/envs/<name>/``: ``__init__.py`` and ``env.py``, and Twenty
+  Questions' ``knowledge.py`` and ``llm_gamemaster.py``) that import their names from where the code lives, so
+  classes compare equal and IDEs and type checkers resolve them. No import hook is involved.
+* The registry imports a stored path's module where it lives (:func:`home_module`), so any stored
+  ``hf_rollouts.envs.<name>.<module>.<Class>`` loads, a submodule without a public module included.
 * What a row stores for a class is its public path (:func:`public_class_path`), so task datasets, their fingerprints
   and cards read as they always did; the trust rule (modules under ``hf_rollouts.envs``) holds for both names.
 """
 
 from __future__ import annotations
-
-import importlib
-import importlib.abc
-import importlib.util
-import sys
-from types import ModuleType
-from typing import Any
 
 ENVS = "hf_rollouts.envs"
 
@@ -68,31 +63,4 @@ def _split(name: str, table: dict[str, str]) -> tuple[str | None, str, str]:
     return None, "", ""
 
 
-class _PublicNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports a public name as the module where it lives (the same object, registered under both names)."""
-
-    def __init__(self) -> None:
-        self._specs: dict[str, Any] = {}
-
-    def find_spec(self, fullname: str, path: Any = None, target: ModuleType | None = None) -> Any:
-        home = home_module(fullname)
-        if home is None or importlib.util.find_spec(home) is None:  # not public, or no such module: not ours
-            return None
-        return importlib.util.spec_from_loader(fullname, self)
-
-    def create_module(self, spec: Any) -> ModuleType:
-        module = importlib.import_module(home_module(spec.name))
-        self._specs[module.__name__] = module.__spec__  # the import system overwrites it with this alias's spec
-        return module
-
-    def exec_module(self, module: ModuleType) -> None:
-        module.__spec__ = self._specs.pop(module.__name__, module.__spec__)  # already executed: give its spec back
-
-
-def install() -> None:
-    """Put the finder of public names first on ``sys.meta_path`` (once per process)."""
-    if not any(isinstance(finder, _PublicNames) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _PublicNames())
-
-
-__all__ = ["PUBLIC_PACKAGES", "home_module", "install", "public_class_path", "public_module"]
+__all__ = ["PUBLIC_PACKAGES", "home_module", "public_class_path", "public_module"]

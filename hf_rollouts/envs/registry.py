@@ -19,7 +19,7 @@ from datasets import Dataset
 from ..schema import TASK_COLUMNS, TaskValidationError
 from .base import MultistepEnv, unknown_keys_message
 from .config import EnvConfigError, UnknownConfigKeyWarning
-from .public_names import public_class_path
+from .public_names import home_module, public_class_path
 
 ENV_REGISTRY: dict[str, str] = {
     "twenty_questions": "hf_rollouts.envs.twenty_questions.TwentyQuestionsEnv",
@@ -123,8 +123,8 @@ def resolve_env_class(path: str, allowed_env_modules: Iterable[str] = (), *, whe
             f"allowed_env_modules=[{module_name.split('.')[0]!r}] (CLI: --allow-env-module "
             f"{module_name.split('.')[0]})."
         )
-    try:
-        module = importlib.import_module(module_name)
+    try:  # a public name's module where it lives (any stored submodule path loads, public module or not)
+        module = importlib.import_module(home_module(module_name) or module_name)
     except ImportError as exc:
         raise TaskValidationError(
             f"{where}env_class_path {path!r}: cannot import module {module_name!r} ({exc})."

@@ -15,11 +15,12 @@ Nothing here imports an environment module: environments are used through the ho
 """
 
 from ..aio import ENGINE_LOOP, resolve
-from .engine import Phase, play_groups, run_episodes
+from .engine import play_groups, run_episodes
 from .episode import EpisodeEnv, run_episode
 from .group import EpisodeGroup, apply_group_rewards
 from .jobs import EpisodeJob, GroupJob, episode_jobs, task_groups
 from .padding import pad_groups, pad_task
+from .plays import Phase
 from .recorder import REWARD_PLACEMENTS, EpisodeRecorder
 from .workers import DEFAULT_ENV_WORKERS
 

@@ -2,8 +2,9 @@
 
 :func:`play_groups` plays groups of rollouts (the rollouts of one task) and returns them finished, group rewards
 applied (:mod:`.group`), in order; :func:`run_episodes` plays a flat list of episodes. Every episode is a generator
-(:func:`~.episode.episode_steps`) and is, at any moment, in exactly one :class:`Phase`. The engine's state is changed
-only under one lock, by a worker routing what it advanced or by the engine loop (:mod:`hf_rollouts.aio`):
+(:func:`~.episode.episode_steps`) and is, at any moment, in exactly one :class:`~.plays.Phase` (:mod:`.plays` holds
+what a run keeps per episode, group and worker; :mod:`.limits` the time limits' enforcement). The engine's state is
+changed only under one lock, by a worker routing what it advanced or by the engine loop (:mod:`hf_rollouts.aio`):
 
 * **QUEUED → RUNNING**: *workers* (threads, :mod:`.workers`) take queued episodes one after another and advance
   each until it yields: they run its sync env hooks, never the loop, because a hung sync hook must hang a thread the
@@ -40,13 +41,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
-from enum import Enum
 from functools import partial
 from typing import Any
 
@@ -54,95 +53,15 @@ from ..agents.base import Agent
 from ..aio import ENGINE_LOOP, THREADS, torch_threads_now
 from ..types import AgentRequest, Episode
 from .episode import AGENT, EpisodeTimeout, HookAwait, HookClock, door_steps, episode_steps
-from .group import EpisodeGroup, as_error, group_error, group_steps, settle_solved
+from .group import EpisodeGroup, group_steps, settle_solved
 from .jobs import EpisodeJob, GroupJob
+from .limits import TimeLimits, env_limits
+from .plays import START, Phase, Play, RunGroup, Worker
 from .recorder import EpisodeRecorder
 from .workers import DEFAULT_ENV_WORKERS, POLICY, heap_frozen
 
-LIMIT_KEYS = ("step_timeout", "episode_timeout")
 
-
-class Phase(Enum):
-    """Where an episode (or a group's reward step) is; see the module docstring."""
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    AWAITING = "awaiting"
-    ASKING = "asking"
-    DONE = "done"
-
-
-START = object()  # the value that starts a generator
-
-
-class Play:
-    """One generator the engine advances (an episode, or a group's reward step) and what it waits for."""
-
-    __slots__ = ("steps", "clock", "phase", "value", "request", "pending", "worker", "group", "member", "job")
-    __slots__ += ("recorder", "reply", "env_class")
-
-    def __init__(self, clock: HookClock, group: _Group, member: int | None) -> None:
-        self.clock, self.group, self.member = clock, group, member  # member: None for the group's reward step
-        self.job: EpisodeJob | None = None if member is None else group.job.jobs[member]
-        self.steps: Any = None
-        self.phase, self.value = Phase.QUEUED, START
-        self.request: AgentRequest | None = None
-        self.pending: asyncio.Future | None = None  # the agent's answer or an async hook, awaited on the loop
-        self.worker: _Worker | None = None
-        self.recorder: EpisodeRecorder | None = None
-        self.reply: Future | None = None  # a door's request: its worker waits here for the answer
-        self.env_class = type(group.job.env)
-
-    def advance(self) -> Any:
-        """Run until the next yield (an :class:`AgentRequest` or a :class:`HookAwait`) or the end (the generator's
-        result: an :class:`Episode`, or the group step's list of them). On a worker."""
-        value, self.value = self.value, None
-        try:
-            if value is START:
-                return next(self.steps)
-            if self.clock.spent() and not isinstance(value, BaseException):
-                value = EpisodeTimeout(f"episode_timeout: the episode ran over {self.clock.episode_limit} s")
-            if isinstance(value, BaseException):
-                return self.steps.throw(value)
-            return self.steps.send(value)
-        except StopIteration as stop:
-            return stop.value
-
-    def timed_out(self, message: str) -> Any:
-        """The result of a play abandoned in a stuck sync hook: a copy of what it recorded so far, as ``error``."""
-        if self.job is None:  # the group step: every rollout it was given fails
-            env, error = self.group.job.env, group_error(self.group.job.env, EpisodeTimeout(message))
-            return settle_solved(env, [e if e.status == "error" else as_error(e, error) for e in self.group.episodes])
-        if self.recorder is None:  # a door: nothing recorded here
-            return Episode([], [], [], [], None, math.nan, "error", message, 0, 0, [], [])
-        return self.recorder.snapshot_error(message)
-
-
-class _Group:
-    """A group being played: its episodes as they finish."""
-
-    __slots__ = ("job", "index", "episodes", "left", "limits")
-
-    def __init__(self, job: GroupJob, index: int, limits: tuple) -> None:
-        self.job, self.index, self.limits = job, index, limits
-        self.episodes: list[Episode | None] = [None] * len(job.jobs)
-        self.left = len(job.jobs)
-
-
-class _Worker:
-    """A worker thread serving one run. ``active``: woken and not yet rested since; ``held``: waiting inside a door
-    for an answer (not counted against the width); ``play``: what it advances now."""
-
-    __slots__ = ("inbox", "active", "held", "abandoned", "play", "taken")
-
-    def __init__(self) -> None:
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.active = self.held = self.abandoned = False
-        self.play: Play | None = None
-        self.taken = 0
-
-
-class _Engine:
+class _Engine(TimeLimits):
     """One run (see the module docstring). Its state is changed only under ``lock``, by a worker routing what it
     advanced or by the loop (an awaited result, a time limit, a look)."""
 
@@ -152,12 +71,8 @@ class _Engine:
         self.width, self.group_step = max(1, options["env_workers"]), options["group_step"]
         self.per_request = bool(getattr(agent, "answers_per_request", False))
         self.loop = ENGINE_LOOP.loop()
-        defaults, limits = (options["step_timeout"], options["episode_timeout"]), {}
-        for g in groups:
-            if id(g.env) not in limits:
-                config = getattr(g.env, "env_config", {})
-                limits[id(g.env)] = tuple(_limit(config.get(k, d)) for k, d in zip(LIMIT_KEYS, defaults))
-        self.groups = [_Group(g, i, limits[id(g.env)]) for i, g in enumerate(groups)]
+        limits = env_limits([g.env for g in groups], options["step_timeout"], options["episode_timeout"])
+        self.groups = [RunGroup(g, i, limits[id(g.env)]) for i, g in enumerate(groups)]
         self.floor = min((x for lim in limits.values() for x in lim if x), default=math.inf)
         self.todo = deque((g, k) for g in self.groups for k in range(len(g.job.jobs)))
         self.results: list[EpisodeGroup | None] = [None] * len(groups)
@@ -168,7 +83,7 @@ class _Engine:
         self.alive: set[Play] = set()  # started, not DONE
         self.live = 0  # episodes alive (max_concurrency; the batch rule)
         self.batches = 0  # act_batch calls running
-        self.workers: list[_Worker] = []
+        self.workers: list[Worker] = []
         self.wanted = 0  # queued plays of envs whose hooks block, since the last kick
         self.to_await: list[tuple[Play, Any]] = []  # awaitables a worker handed over, started on the loop
         self.taken = 0
@@ -200,7 +115,7 @@ class _Engine:
                 self._stop(exc)
 
     # -- workers (their own threads) --------------------------------------------------------------------------
-    def _serve(self, me: _Worker) -> None:
+    def _serve(self, me: Worker) -> None:
         while me.inbox.get() is not None:
             while not (me.abandoned or self.stopped):
                 try:
@@ -275,7 +190,7 @@ class _Engine:
 
     # -- under the lock -----------------------------------------------------------------------------------------
     def _start(self) -> None:
-        self._police()
+        self.police()
         self.loop.call_later(POLICY.look, self._safe, self._look)
         self._refill()
 
@@ -296,7 +211,7 @@ class _Engine:
                     seed=job.seed,
                 )  # fmt: skip
             if clock.episode_limit:  # its remaining budget may run out before the engine would look
-                clock.alarm = partial(self._alarm, play)
+                clock.alarm = partial(self.alarm, play)
             self.live += 1
             self._push(play, START)
 
@@ -320,7 +235,7 @@ class _Engine:
         for _ in range(n):
             worker = next((w for w in self.workers if not w.active), None)
             if worker is None:
-                worker = _Worker()
+                worker = Worker()
                 self.workers.append(worker)
                 THREADS.run(partial(self._serve, worker), self.torch_threads)
             worker.active = True
@@ -338,9 +253,7 @@ class _Engine:
             self.queue
             and busy
             and taken == self.taken
-            and all(
-                p is not None and p.clock.activity is not None and now - p.clock.since >= POLICY.STALL for p in plays
-            )
+            and all(p is not None and p.clock.running_for(now) >= POLICY.STALL for p in plays)
         ):
             POLICY.stalled({p.env_class for p in plays})
             self._wake(min(len(self.queue), self.width - len(busy)))
@@ -444,7 +357,7 @@ class _Engine:
         self._refill()
         self._batch()
 
-    def _complete(self, group: _Group, episodes: list[Episode]) -> None:
+    def _complete(self, group: RunGroup, episodes: list[Episode]) -> None:
         self.results[group.index] = EpisodeGroup(group.job.env, group.job.task_data, episodes)
         self.remaining -= 1
         if not self.remaining:
@@ -471,42 +384,6 @@ class _Engine:
             self.done.set_exception(failure)
         elif not self.remaining:
             self.done.set_result(self.results)
-
-    # -- time limits -------------------------------------------------------------------------------------------
-    def _alarm(self, play: Play, _clock: HookClock) -> None:
-        """An activity of ``play`` began (any thread): look sooner if it could run over before the next look."""
-        if play.clock.due() < self.police_at:
-            self.loop.call_soon_threadsafe(self._safe, self._police)
-
-    def _police(self) -> None:
-        """On the loop: end what ran past its limit (see the module docstring), then look again when a limit could
-        next pass: an activity that begins later cannot pass its step limit before ``floor`` (the smallest limit)
-        from now, and one whose episode has less budget left than that rings :meth:`_alarm`."""
-        if self.stopped or self.floor == math.inf:
-            return
-        now = time.monotonic()
-        for play in [p for p in self.alive if p.clock.overrun(now)]:
-            message = play.clock.overrun(now)
-            if play.phase is Phase.RUNNING and play.clock.activity != AGENT:  # a sync hook: abandon its worker
-                play.clock.cancelled = True  # if the hook ever returns, its episode stops there
-                play.worker.abandoned = True
-                self.workers.remove(play.worker)
-                self._finish(play, play.timed_out(message))
-            elif play.pending is not None:  # an async hook or a per-request agent: cancel it
-                play.pending.cancel()
-                play.pending = None
-                play.clock.end()
-                self._answered(play, EpisodeTimeout(message))
-        if self.stopped:
-            return
-        if self.police_timer is not None:
-            self.police_timer.cancel()
-        self.police_at = min([now + self.floor, *(p.clock.due() for p in self.alive)]) + 0.001
-        self.police_timer = self.loop.call_at(self.police_at, self._safe, self._police)
-
-
-def _limit(value: Any) -> float | None:
-    return float(value) if value else None
 
 
 def play_groups(

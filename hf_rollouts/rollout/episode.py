@@ -31,6 +31,7 @@ override as one sync hook, with an agent whose requests the engine answers like 
 from __future__ import annotations
 
 import math
+import threading
 import time
 import warnings
 from collections.abc import Generator
@@ -75,9 +76,19 @@ class HookClock:
     never charged. ``step_limit`` bounds one hook call, ``episode_limit`` the time charged in all (``None``: no
     limit). ``alarm`` (set by the engine for episodes with an ``episode_limit``) is told when an activity begins, so
     the engine can look before the episode's remaining budget runs out.
+
+    **One writer rule.** A clock is written from several threads: the worker running the episode's hooks (a hook's
+    begin and end, the release's ``ending``), the engine (the agent's begin and end, a time limit's verdict). Its
+    moving state (``activity``, ``since``, ``used``, ``cancelled``, ``ending``) is therefore written *only* through
+    its methods, each of which holds the clock's own mutex while it reads or writes, so every reader sees one
+    consistent moment. The engine's verdict is one such step (:meth:`expire`): it reads the running activity once
+    and, for a sync hook, marks it cancelled in the same step, so a hook either returned before the verdict (its
+    result stands) or returns after it (its episode stops there, :class:`EpisodeCancelled`), never in between.
+    ``alarm``, ``lock`` and the limits are set once, before the episode's first step.
     """
 
     __slots__ = ("activity", "since", "used", "alarm", "cancelled", "lock", "ending", "step_limit", "episode_limit")
+    __slots__ += ("_mutex",)
 
     def __init__(self, step_limit: float | None = None, episode_limit: float | None = None) -> None:
         self.activity: str | None = None
@@ -88,15 +99,26 @@ class HookClock:
         self.lock: Any = None  # an env with thread_safe_hooks = False: its lock, held around each hook call
         self.ending = False  # the episode is over and its env releases it: only step_timeout applies now
         self.step_limit, self.episode_limit = step_limit, episode_limit
+        self._mutex = threading.RLock()
 
     def begin(self, activity: str) -> None:
-        self.activity, self.since = activity, time.monotonic()
-        if self.alarm is not None:
+        with self._mutex:
+            self.activity, self.since = activity, time.monotonic()
+        if self.alarm is not None:  # outside the mutex: the engine's alarm reads the clock
             self.alarm(self)
 
-    def end(self) -> None:
-        self.used += time.monotonic() - self.since
-        self.activity = None
+    def end(self) -> bool:
+        """The running activity is over (its time is charged); returns whether the engine cancelled the episode."""
+        with self._mutex:
+            if self.activity is not None:
+                self.used += time.monotonic() - self.since
+            self.activity = None
+            return self.cancelled
+
+    def release(self) -> None:
+        """The episode is over and its env releases it: from now on only ``step_limit`` applies."""
+        with self._mutex:
+            self.ending = True
 
     def call(self, hook: str, fn: Any, *args: Any) -> Any:
         self.begin(hook)
@@ -106,16 +128,20 @@ class HookClock:
             with self.lock:  # waiting for it counts as the hook's time (it stands for the env's own work)
                 return fn(*args)
         finally:
-            self.end()
-            if self.cancelled:
+            if self.end():
                 raise EpisodeCancelled(f"{hook} returned after its episode was ended")
 
     def spent(self) -> bool:
         """The finished activities used up the episode's budget (its next step gets ``EpisodeTimeout``)."""
-        return bool(self.episode_limit and self.used > self.episode_limit and not self.ending)
+        with self._mutex:
+            return bool(self.episode_limit and self.used > self.episode_limit and not self.ending)
 
     def overrun(self, now: float) -> str | None:
         """Which limit the running activity has passed at ``now`` (a message), or None."""
+        with self._mutex:
+            return self._overrun(now)
+
+    def _overrun(self, now: float) -> str | None:
         if self.activity is None:
             return None
         if self.step_limit and self.activity != AGENT and now - self.since > self.step_limit:
@@ -125,14 +151,32 @@ class HookClock:
             return f"episode_timeout: the episode ran over {self.episode_limit} s{where}"
         return None
 
+    def expire(self, now: float, on_worker: bool) -> tuple[str | None, bool]:
+        """The engine's verdict at ``now``, in one step: ``(message, cancelled)``. ``message`` names the limit the
+        running activity has passed (``None``: none); when it is a sync hook (``on_worker``: the episode runs on a
+        worker, and the activity is not the agent's) the episode is cancelled at once (``cancelled`` True: its hook's
+        end raises :class:`EpisodeCancelled`, and the engine abandons that worker)."""
+        with self._mutex:  # re-entrant: overrun takes it too
+            message = self.overrun(now)
+            cancel = message is not None and on_worker and self.activity != AGENT
+            if cancel:
+                self.cancelled = True
+            return message, cancel
+
+    def running_for(self, now: float) -> float:
+        """Seconds the running activity has run at ``now`` (-inf when nothing runs)."""
+        with self._mutex:
+            return -math.inf if self.activity is None else now - self.since
+
     def due(self) -> float:
         """The moment the running activity would pass a limit (inf: never, or nothing runs)."""
-        due = math.inf
-        if self.activity is not None and self.step_limit and self.activity != AGENT:
-            due = self.since + self.step_limit
-        if self.activity is not None and self.episode_limit and not self.ending:
-            due = min(due, self.since + self.episode_limit - self.used)
-        return due
+        with self._mutex:
+            due = math.inf
+            if self.activity is not None and self.step_limit and self.activity != AGENT:
+                due = self.since + self.step_limit
+            if self.activity is not None and self.episode_limit and not self.ending:
+                due = min(due, self.since + self.episode_limit - self.used)
+            return due
 
 
 AGENT = "agent"
@@ -248,7 +292,7 @@ def _release(env: Any, clock: HookClock, session_id: str, state: Any) -> Generat
     if clock.cancelled:  # the engine gave up on this episode: nobody drives this generator any more
         _release_now(env, session_id, state)
         return None
-    clock.ending = True
+    clock.release()
     try:
         yield from hook_call(clock, "_close_episode", env._close_episode, session_id, state)
     except EpisodeCancelled:  # a sync close ran past step_timeout; the episode is recorded as error already

@@ -4,7 +4,8 @@ vLLM lives in a venv of its own (it pins torch and transformers): ``bash scripts
 Linux CPUs; see docs/guides/agents.md (vLLM) for GPUs.
 """
 
-from .agent import STAT_KEYS, VLLMAgent, VLLMRequestError, import_vllm, model_files_identity, vllm_installed
+from .agent import STAT_KEYS, VLLMAgent, VLLMRequestError
+from .engine import import_vllm, model_files_identity, vllm_installed
 from .settings import SPEC_PREFIX, VLLMSettings, VLLMUnavailableError, logprob_convention, parse_vllm_spec
 
 __all__ = [

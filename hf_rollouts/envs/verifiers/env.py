@@ -1,0 +1,10 @@
+"""``hf_rollouts.envs.verifiers.env``, the public name of :mod:`hf_rollouts.envs.adapters.verifiers.env`.
+
+Task rows' ``env_class_path`` and users' imports name it; these are the objects defined there.
+"""
+
+from __future__ import annotations
+
+from ..adapters.verifiers.env import VerifiersConfig, VerifiersEnv, VerifiersEpisode, module_of
+
+__all__ = ["VerifiersConfig", "VerifiersEnv", "VerifiersEpisode", "module_of"]
