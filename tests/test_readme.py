@@ -16,6 +16,17 @@ def first_example(text: str) -> str:
     return first
 
 
+def test_the_readme_env_passes_check_env(tokenizer):
+    """The README recommends ``check_env`` next: its own 10-line env (a str state, shared safely) passes it."""
+    from hf_rollouts.envs.check import check_env
+
+    (block,) = [s for s in re.findall(r"```python\n(.*?)```", README, flags=re.S) if "class SayWord" in s]
+    namespace: dict = {"__name__": "readme_env"}
+    exec(compile(block.split("\nagent = ")[0], "README SayWord", "exec"), namespace)  # the imports and the class
+    report = check_env(namespace["SayWord"], tokenizer, tasks=[{"word": "cat"}, {"word": "dog"}])
+    assert report.episodes == 6
+
+
 def test_the_agents_namespace_stays_light():
     import subprocess
     import sys
