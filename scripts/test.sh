@@ -35,6 +35,12 @@ else
 fi
 echo "set-up done ($(($(date +%s) - started)) s)"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# One torch (OpenMP) thread per test process, unless the caller says otherwise. The tests' models are tiny: a decode
+# step is too small to gain from a second thread, and on a machine whose cores are taken by other jobs torch's threads
+# wait for each other at every step. Measured on a shared 2-core machine (load ~20): a KV-cache test took 1.9 s at one
+# thread and 150 s at two; the README example on the tiny model 7 s and 181 s. Tests that compare runs across
+# processes already pin one thread (Ray workers, tests/test_multiprocess.py).
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 # The suite. It builds the documentation site too (tests/test_site.py: `mkdocs build --strict`, offline; a broken link
