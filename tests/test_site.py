@@ -75,9 +75,11 @@ def test_every_module_docstring_the_api_pages_mention_is_on_the_site(site):
             continue
         mentions += len(re.findall(r"module docstring", page))
         unlinked = re.sub(r"<a\b[^>]*>.*?</a>", "", page, flags=re.S)
+        modules = sorted(set(re.findall(r'<span title="([\w.]+)">(?:the )?module docstring</span>', unlinked)))
         assert "module docstring" not in unlinked, (
-            f"{name}: a docstring says 'see the module docstring' but that module's docstring is not on the site: "
-            "add `::: hf_rollouts.THE.MODULE` with `options: {members: false, show_root_heading: true}` to the page"
+            f"{name}: docstrings say 'see the module docstring' but these modules' docstrings are not on the site: "
+            f"{modules or 'see the page'}; add `::: MODULE` with options `members: false` and `show_root_heading: "
+            "true` to the page, before the entry that points to it"
         )
     assert mentions >= 20, mentions
     envs = pages(site)["reference/envs/index.html"]

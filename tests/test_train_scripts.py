@@ -202,3 +202,46 @@ def test_learning_report_combines_runs_into_one_json_and_figure(tmp_path):
     assert saved["runs"][0]["change"] == pytest.approx(0.6) and saved["runs"][1]["after"]["success"] == 0.2
     assert saved["runs"][0]["command"] == "python x.py --run" and saved["runs"][0]["cpu_seconds"] == 5
     assert out.with_suffix(".png").is_file() == (importlib.util.find_spec("matplotlib") is not None)
+
+
+def _task_files(tmp_path):
+    """Arithmetic task rows as files (what another team's dataset-derived task hands the scripts): train rows as
+    jsonl, held-out rows as parquet."""
+    from hf_rollouts.envs.arithmetic import ArithmeticEnv
+    from hf_rollouts.tiny_model import build_tiny_model
+
+    env = ArithmeticEnv(build_tiny_model()[1], {})
+    train, held = env.get_train_dataset(4), env.get_eval_dataset(5)
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in train.to_list()))
+    held.to_parquet(str(tmp_path / "held.parquet"))
+    return train, held
+
+
+def test_train_grpo_takes_task_rows_from_files(grpo, tmp_path):
+    train, held = _task_files(tmp_path)
+    out = tmp_path / "run"
+    argv = [
+        *("--tasks", str(tmp_path / "train.jsonl"), "--eval-tasks-path", str(tmp_path / "held.parquet")),
+        *("--eval-tasks", "3", "--iterations", "2", "--tasks-per-iter", "2", "--num-rollouts", "2"),
+        *("--max-new-tokens", "3", "--keep-rollouts", "--quiet", "--plot", "none", "--output-dir", str(out)),
+    ]
+    history = grpo.train(grpo.parse_args(argv))
+    assert len(history) == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["heldout_before"]["episodes"] == 3  # the first 3 held-out rows of the file
+    from datasets import load_from_disk
+
+    played = [r for it in (0, 1) for r in load_from_disk(str(out / "rollouts" / f"iter{it:04d}"))["task_data"]]
+    assert played == [r["task_data"] for r in train.to_list()]  # the file's rows, in order, not the env's split
+
+
+def test_train_trl_takes_task_rows_from_files(trl_script, tmp_path):
+    _task_files(tmp_path)
+    argv = [
+        *("--tasks", str(tmp_path / "train.jsonl"), "--eval-tasks-path", str(tmp_path / "held.parquet")),
+        *("--eval-tasks", "2", "--max-steps", "1", "--tasks-per-step", "2", "--num-generations", "2"),
+        *("--max-new-tokens", "3", "--quiet", "--output-dir", str(tmp_path / "trl")),
+    ]
+    rows = trl_script.train(trl_script.parse_args(argv))
+    summary = json.loads((tmp_path / "trl" / "summary.json").read_text())
+    assert len(rows) == 1 and summary["heldout_after"]["episodes"] == 2

@@ -1,0 +1,174 @@
+"""The program that runs *inside* the sandbox: it drops privileges, sets the limits, runs the untrusted code against the
+tests and reports the outcome with a per-run secret token. Standard library only (it runs under the sandbox's own
+interpreter, which need not see the project's packages); the host copies this file's text into the sandbox.
+
+Protocol (host side: :mod:`hf_rollouts.sandbox.run`):
+
+* ``argv[1]``: the job, a JSON file ``{"mode", "program", "tests", "entry_point", "cases", "uid", "limits"}``;
+  ``argv[2]``: the program alone, as a file (``"io"`` mode runs it).
+* stdin's first line: the token. The harness reads it and replaces stdin with ``/dev/null`` before any untrusted code
+  runs, so the code cannot read it from there.
+* stdout: whatever the code prints, then one line written by the harness on a copy of the original stdout:
+  ``<token> PASS`` or ``<token> FAIL <json details>``. A program that exits early (``sys.exit``, ``os._exit``, a
+  signal, killing its parent) or prints a fake report never produces that line: the host reads its absence as a
+  failure, never as a pass.
+
+Modes: ``"tests"`` executes ``program`` then ``tests`` (Python source: HumanEval's ``def check(candidate)``, called
+with ``entry_point`` when given; or a list of statements such as ``assert f(1) == 2``, each run in turn) in one
+namespace; ``"io"`` runs ``program`` once per case as a child process with the case's ``input`` on stdin and compares
+its stdout with ``output`` (trailing whitespace of each line and trailing blank lines ignored).
+
+What this in-process check cannot stop (see docs/guides/code-sandbox.md): code that deliberately searches the
+interpreter's memory for the token, or returns objects whose ``__eq__`` always says yes, fools any test that runs in
+the same process as the code under test; ``"io"`` mode runs the code in a separate process and has no such gap.
+"""
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import traceback
+
+
+def set_limits(limits):
+    """The per-process resource limits (inherited by every child; a process cannot raise its own hard limit)."""
+    cpu = int(limits["cpu_time"])
+    pairs = [
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_AS, (limits["memory_bytes"],) * 2),
+        (resource.RLIMIT_NPROC, (limits["max_processes"],) * 2),
+        (resource.RLIMIT_FSIZE, (limits["file_bytes"],) * 2),
+        (resource.RLIMIT_NOFILE, (limits["max_open_files"],) * 2),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ]
+    for which, value in pairs:
+        resource.setrlimit(which, value)
+
+
+def drop_privileges(uid):
+    """As real root (no user namespace), become ``uid``: the process count limit binds only non-root users, and the
+    capabilities the sandbox kept for this step are cleared by the switch."""
+    if uid is None:
+        return
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise SystemExit(f"harness: could not become uid {uid}")
+
+
+def last_line(exc):
+    """``Type: message`` of an exception, the message cut to one line and 300 characters."""
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
+    return (text[-1] if text else type(exc).__name__)[:300]
+
+
+def run_tests(job, _exec=exec, _compile=compile, _base=BaseException):
+    """Run the program, then the tests, then ``check(entry_point)``. Everything it uses after the untrusted code has
+    run is bound before (default arguments, locals, list indexing, int comparison): code that replaces builtins
+    (``exec``, ``range``, ``enumerate``) or the harness's module globals cannot make the tests skip."""
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    tests = job["tests"]
+    tests = [tests] if isinstance(tests, str) else list(tests)
+    count, names = len(tests), [f"<test {i}>" for i in range(len(tests))]
+    entry_point = job.get("entry_point") or None
+    try:
+        _exec(_compile(job["program"], "<solution>", "exec"), namespace)
+    except _base as exc:  # everything the code raises is its failure
+        return {"passed": False, "stage": "program", "error": last_line(exc)}
+    index = 0
+    while index < count:
+        try:
+            _exec(_compile(tests[index], names[index], "exec"), namespace)
+        except _base as exc:
+            return {"passed": False, "stage": "tests", "test": index, "passed_tests": index, "error": last_line(exc)}
+        index += 1
+    if entry_point is not None:
+        if "check" not in namespace or entry_point not in namespace:
+            return {"passed": False, "stage": "check", "error": f"NameError: check or {entry_point} is not defined"}
+        try:
+            namespace["check"](namespace[entry_point])
+        except _base as exc:
+            return {"passed": False, "stage": "check", "error": last_line(exc)}
+    return True
+
+
+def normalized(text):
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def run_cases(job):
+    """Each case in a child process; its output goes to anonymous files in ``/tmp`` (bounded by the tmpfs and the
+    file size limit) and only the first ``output_bytes`` are read back."""
+    path, cases, limit = sys.argv[2], job["cases"], int(job["limits"]["output_bytes"])
+    timeout = max(0.1, float(job["limits"]["case_time"]))
+    for index, case in enumerate(cases):
+        failed = {"passed": False, "stage": "case", "test": index, "passed_tests": index}
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            try:
+                done = subprocess.run(
+                    [sys.executable, "-I", "-B", path],
+                    input=str(case.get("input", "")).encode(),
+                    stdout=out,
+                    stderr=err,
+                    timeout=timeout,
+                )
+            except subprocess.TimeoutExpired:
+                return {**failed, "error": "timeout"}
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read(limit).decode(errors="replace"), err.read(limit).decode(errors="replace")
+        if done.returncode != 0:
+            lines = stderr.strip().splitlines()
+            return {**failed, "error": lines[-1][:300] if lines else f"exit status {done.returncode}"}
+        if normalized(stdout) != normalized(str(case.get("output", ""))):
+            return {**failed, "error": f"wrong output {stdout[:200]!r}"}
+    return True
+
+
+def main():
+    token = sys.stdin.readline().strip()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    report_fd = os.dup(1)
+    os.set_inheritable(report_fd, False)
+    with open(sys.argv[1]) as f:
+        job = json.load(f)
+    drop_privileges(job.get("uid"))
+    set_limits(job["limits"])
+    # the pass line is made before any untrusted code runs; a failure line always starts with FAIL, whatever a
+    # replaced json module writes after it (the host counts only this exact PASS line as a pass)
+    pass_line = (token + " PASS\n").encode()
+    fail_prefix = token + " FAIL "
+    write, flush_out, flush_err, exit_now, dumps, encode = (
+        os.write,
+        sys.stdout.flush,
+        sys.stderr.flush,
+        os._exit,
+        json.dumps,
+        str.encode,
+    )
+    outcome = run_cases(job) if job["mode"] == "io" else run_tests(job)
+    try:
+        flush_out()
+        flush_err()
+    except BaseException:  # noqa: BLE001, S110 - the code may have closed or replaced its streams
+        pass
+    if outcome is True:
+        write(report_fd, pass_line)
+    else:
+        try:
+            detail = dumps(outcome)
+        except BaseException:  # noqa: BLE001 - a replaced json module: the failure stands, without its details
+            detail = "{}"
+        write(report_fd, encode(fail_prefix + detail + "\n"))
+    exit_now(0)  # skips what the code registered to run at exit (atexit, finalizers, threads)
+
+
+if __name__ == "__main__":
+    main()
