@@ -262,17 +262,18 @@ class Episode:
     """One complete (unpadded) episode, token by token.
 
     Invariants (checked by :meth:`check`):
-      * all per-token lists have the same length;
-      * ``sampled_token_mask`` (1 = the agent reported this exact id as sampled;
-        0 = re-tokenized text of a text-only turn, or not an agent token) is 1
-        only where ``agent_token_mask`` is 1;
-      * ``per_token_rewards`` is non-zero only where ``agent_token_mask`` is 1;
-      * ``tool_token_mask`` (1 on every token of a tool-result delta; empty means all 0) is 1 only
-        where ``agent_token_mask`` is 0: tool output is environment text, never trained on;
-      * ``logprobs`` (when not ``None``) is 0.0 wherever the mask is 0;
-      * ``status == "error"`` iff ``error`` is set iff ``final_reward`` is NaN;
-      * a ``done`` or ``truncated`` episode has a finite ``final_reward`` and finite
-        ``per_token_rewards`` (NaN or ±inf is never stored as a success).
+
+    * all per-token lists have the same length;
+    * ``sampled_token_mask`` (1 = the agent reported this exact id as sampled;
+      0 = re-tokenized text of a text-only turn, or not an agent token) is 1
+      only where ``agent_token_mask`` is 1;
+    * ``per_token_rewards`` is non-zero only where ``agent_token_mask`` is 1;
+    * ``tool_token_mask`` (1 on every token of a tool-result delta; empty means all 0) is 1 only
+      where ``agent_token_mask`` is 0: tool output is environment text, never trained on;
+    * ``logprobs`` (when not ``None``) is 0.0 wherever the mask is 0;
+    * ``status == "error"`` iff ``error`` is set iff ``final_reward`` is NaN;
+    * a ``done`` or ``truncated`` episode has a finite ``final_reward`` and finite
+      ``per_token_rewards`` (NaN or ±inf is never stored as a success).
     """
 
     full_token_ids: list[int]

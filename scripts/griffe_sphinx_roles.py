@@ -6,6 +6,10 @@ Markdown, where a role would show as literal ``:class:`` text. Each role is reso
 carries the docstring (griffe's ``Object.resolve``), so ``:func:`install``` in a module's docstring links to that
 module's ``install``. The link is an *optional* autoref: a target without a reference entry (a private helper, a
 third-party name) renders as plain code instead of failing ``mkdocs build --strict``.
+
+A docstring that says "see the module docstring" gets that phrase as a link to its module's entry (the reference
+pages render the module docstring with ``::: MODULE`` and ``members: false``; tests/test_site.py checks that every
+such phrase on the built site is a link).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 
 import griffe
 
+MODULE_DOCSTRING = re.compile(r"\b(?:the )?module docstring\b")
 ROLE = re.compile(r":(?:py:)?(?:class|func|meth|attr|data|mod|exc|obj|const):`(?P<tilde>~?)(?P<target>[^`<>]+?)`")
 
 
@@ -42,7 +47,14 @@ class SphinxRoles(griffe.Extension):
 
     def on_object(self, *, obj: griffe.Object, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
         docstring = obj.docstring
-        if docstring is None or ":`" not in docstring.value:
+        if docstring is None:
+            return
+        if MODULE_DOCSTRING.search(docstring.value):
+            module = html.escape(obj.module.path, quote=True)
+            docstring.value = MODULE_DOCSTRING.sub(
+                lambda m: f'<autoref identifier="{module}" optional>{m.group(0)}</autoref>', docstring.value
+            )
+        if ":`" not in docstring.value:
             return
 
         def link(match: re.Match[str]) -> str:

@@ -364,6 +364,16 @@ class SharedState(StateOnSelf):
         return state, 0.0, False, {}
 
 
+class SharedTupleOfLists(StateOnSelf):
+    shared = ([], [])  # a tuple, but of lists: episodes that append to them would mix
+
+    def _initialize_episode(self, session_id, task_data):
+        return self.shared
+
+    def _step_episode(self, session_id, state, action):
+        return state, 0.0, False, {}
+
+
 class PromptNotText(StateOnSelf):
     def _initialize_episode(self, session_id, task_data):
         return _Counter(int(task_data["target"]))
@@ -417,7 +427,8 @@ class RefusesItsOwnTasks(GlobalRandomEpisodes):
     [
         (StateOnSelf, "never on self"),
         (RefusesItsOwnTasks, "validate_task_data refuses the task .* no task is good enough"),
-        (SharedState, "same state object twice"),
+        (SharedState, "same _Counter object twice; return a new object per episode"),
+        (SharedTupleOfLists, "same tuple object twice"),
         (PromptNotText, "must return the message text as a str"),
         (NanReward, "finite real number"),
         (BadStepReturn, r"must return the tuple \(state, reward, done, info\)"),
@@ -428,3 +439,35 @@ class RefusesItsOwnTasks(GlobalRandomEpisodes):
 def test_check_env_names_what_to_fix(cls, message, tokenizer):
     with pytest.raises(EnvCheckError, match=message):
         check_env(cls, tokenizer, env_config={"max_turns": 3})
+
+
+@dataclass(frozen=True)
+class _Board:
+    cells: tuple[int, ...]
+    turn: int = 0
+
+
+_PAIR, _BOARD = ("a", (1, 2.5)), _Board((0, 1))
+
+
+class ImmutableStates(HooksOnlyEnv):
+    """The state is one shared immutable object per kind (a str from the task, a tuple, a frozen dataclass):
+    ``_step_episode`` returns the next state instead of changing it, so sharing it is safe."""
+
+    def _initialize_episode(self, session_id, task_data):
+        return {"str": task_data["word"], "tuple": _PAIR, "board": _BOARD}[task_data["kind"]]
+
+    def _format_prompt(self, state, step):
+        return f"Say {state!r}."
+
+    def _step_episode(self, session_id, state, action):
+        return state, float(str(state) in action), True, {}
+
+
+@pytest.mark.parametrize("kind", ["str", "tuple", "board"])
+def test_check_env_accepts_one_immutable_state_shared_by_episodes(kind, tokenizer):
+    env = ImmutableStates(tokenizer, {})
+    assert env._initialize_episode("a", {"kind": kind, "word": "cat"}) is env._initialize_episode(
+        "b", {"kind": kind, "word": "cat"}
+    )  # the same object twice: a str from the task (deep copies of a str are the str), a constant tuple or board
+    assert check_env(ImmutableStates, tokenizer, tasks=[{"kind": kind, "word": "cat"}]).episodes == 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from hf_rollouts import MultistepEnv, ScriptedAgent
 from hf_rollouts.cli import main
 from hf_rollouts.envs.mastermind import MastermindEnv
 from hf_rollouts.pipeline import generate_rollouts
+from hf_rollouts.publish import card as card_module
 from hf_rollouts.publish import compute_stats, render_card
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +57,10 @@ def test_card_contents(tokenizer, tmp_path):
     assert "done 2, truncated 1, error 1" in text
     assert "| turns cut by the token budget | 0 |" in text and "`num_cut_turns`" in text
     assert 'load_rollouts("user/rollouts"' in text and 'load_dataset("user/rollouts"' in text
-    assert "(docs/guides/training.md)" in text and "(docs/concepts/rollout-columns.md)" in text  # the guides
+    links = re.findall(r"\]\(([^)]+)\)", text)  # read on the Hub: every link an absolute address of the site
+    assert links and all(link.startswith("https://") for link in links), links
+    assert f"[Training]({card_module.DOCS}guides/training/)" in text
+    assert f"[Rollout columns]({card_module.DOCS}concepts/rollout-columns/)" in text
 
 
 def test_card_describes_the_config_of_each_env_class(tokenizer, tmp_path):
@@ -371,10 +376,24 @@ def test_the_executor_report_is_printed_and_kept_in_the_card(tmp_path, capsys):
             "--shard-size", "2", "--cache-dir", str(tmp_path / "c")]  # fmt: skip
     assert main([*args, "--output", str(tmp_path / "a")]) == 0
     printed = capsys.readouterr().out
-    assert "executor               local" in printed and "shards run             2 of 2 (0, 1)" in printed
+    assert "executor               local" in printed and "shards generated       2 of 2 (shards 0, 1)" in printed
     card = (tmp_path / "a" / "README.md").read_text()
-    assert "## How the run went" in card and "| shards run | 2 of 2 (0, 1) |" in card
+    assert "## How the run went" in card and "| shards generated | 2 of 2 (shards 0, 1) |" in card
+    assert "*from the cache*: shards an earlier run with the same settings had already written" in card
     assert main([*args, "--output", str(tmp_path / "b")]) == 0  # the same run again: served from the cache
     printed = capsys.readouterr().out
-    assert "shards run             0 of 2" in printed and "shards reused from the cache 2 (0, 1)" in printed
-    assert "| shards reused from the cache | 2 (0, 1) |" in (tmp_path / "b" / "README.md").read_text()
+    assert "shards generated       0 of 2\n" in printed
+    assert "shards from the cache  2 of 2 (shards 0, 1)" in printed
+    assert "| shards from the cache | 2 of 2 (shards 0, 1) |" in (tmp_path / "b" / "README.md").read_text()
+
+
+def test_the_getting_started_command_prints_what_the_page_shows(tmp_path, monkeypatch, capsys):
+    """docs/getting-started.md shows a `generate` command with the tiny model and its output: the same here."""
+    page = (REPO / "docs" / "getting-started.md").read_text()
+    (command,) = re.findall(r"```bash\n(hf-rollouts generate --env guess_number [^\n]*)\n```", page)
+    (shown,) = re.findall(r"```text\n(wrote 8 tasks.*?)```", page, flags=re.S)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_ROLLOUTS_CACHE", str(tmp_path / "cache"))
+    assert main(shlex.split(command)[1:]) == 0
+    printed = capsys.readouterr().out
+    assert printed[printed.index("wrote ") :] == shown, "the page shows another output than the command prints"

@@ -88,10 +88,13 @@ def test_its_chatml_template_passes_the_delta_check(smol):
     assert report.ok, str(report)
 
 
+@pytest.mark.slow
 @needs_wheel
 def test_it_plays_twenty_questions_token_exact(smol, recording, tmp_path):
     """A real instruct model through the pipeline: ids stored as sampled, prompts are prefixes, log-probs are
-    log_softmax(logits / T) of a teacher-forced pass, and turns end on the model's own <|im_end|>."""
+    log_softmax(logits / T) of a teacher-forced pass, and turns end on the model's own <|im_end|>. Slow (a real model
+    generating: 22-78 s on a busy 2-core machine); the same invariants on the tiny model run by default
+    (tests/test_env_core.py), and this file's other tests load the real model and check its template."""
     from hf_rollouts.agents.hf import TransformersAgent
     from hf_rollouts.envs.twenty_questions import TwentyQuestionsEnv
     from hf_rollouts.pipeline import generate_rollouts

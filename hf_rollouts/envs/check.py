@@ -3,7 +3,10 @@
 It plays a few episodes through the hooks with a scripted list of actions and checks the
 contract of :class:`~hf_rollouts.envs.base.MultistepEnv`:
 
-* ``_initialize_episode`` returns a *fresh* state each time (not the same object);
+* ``_initialize_episode`` returns a *fresh* state each time (not the same object), unless the state is immutable
+  (a ``str``, a number, ``None``, a tuple or frozenset of those, a frozen dataclass of those): one immutable object
+  shared by two episodes cannot carry one episode's changes into the other, since ``_step_episode`` returns the
+  next state instead of changing it;
 * no episode state lives on ``self``: two episodes played interleaved, step by step, on
   one env instance give exactly what each gives alone on its own instance, and the env's
   attributes do not change while episodes run;
@@ -29,7 +32,7 @@ import copy
 import json
 import numbers
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -55,6 +58,22 @@ class EnvCheckReport:
     episodes: int
     steps: int
     tasks: list[dict[str, Any]] = field(default_factory=list)
+
+
+IMMUTABLE_SCALARS = (str, bytes, numbers.Number, bool, type(None), range)
+
+
+def is_immutable(value: Any) -> bool:
+    """Whether ``value`` can never change: a str, bytes, number, bool or ``None``, or a tuple, frozenset or frozen
+    dataclass whose parts are all immutable (a tuple holding a list is not: the list can change)."""
+    if isinstance(value, (tuple, frozenset)):
+        return all(is_immutable(part) for part in value)
+    if isinstance(value, IMMUTABLE_SCALARS):
+        return True
+    params = getattr(type(value), "__dataclass_params__", None)
+    if params is not None and params.frozen:
+        return all(is_immutable(getattr(value, f.name)) for f in fields(value))
+    return False
 
 
 def _record(
@@ -219,10 +238,11 @@ def check_env(
 
     first = resolve(env._initialize_episode("fresh0", copy.deepcopy(tasks[0])))
     second = resolve(env._initialize_episode("fresh1", copy.deepcopy(tasks[0])))
-    if first is second and first is not None:
+    if first is second and not is_immutable(first):
         problems.append(
-            f"{name}._initialize_episode returned the same state object twice; return a new object per episode "
-            "(episodes of one env run concurrently)."
+            f"{name}._initialize_episode returned the same {type(first).__name__} object twice; return a new object "
+            "per episode (episodes of one env run concurrently, and a mutable state shared by two of them carries one "
+            "episode's changes into the other), or an immutable state (str, number, tuple, frozen dataclass)."
         )
 
     if env.toolbox is not None:  # a tool env: _call_tools answers every call with one ToolResult, never raising

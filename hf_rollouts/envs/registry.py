@@ -126,8 +126,16 @@ def resolve_env_class(path: str, allowed_env_modules: Iterable[str] = (), *, whe
     try:  # a public name's module where it lives (any stored submodule path loads, public module or not)
         module = importlib.import_module(home_module(module_name) or module_name)
     except ImportError as exc:
+        missing = isinstance(exc, ModuleNotFoundError) and exc.name is not None and module_name.startswith(exc.name)
+        hint = (
+            f" Python finds no module {exc.name!r} on its path: install its package, or run from the folder that holds "
+            f"it with that folder on the path (PYTHONPATH=. hf-rollouts ...; `python script.py` has its own folder "
+            f"there already)."
+            if missing
+            else ""
+        )
         raise TaskValidationError(
-            f"{where}env_class_path {path!r}: cannot import module {module_name!r} ({exc})."
+            f"{where}env_class_path {path!r}: cannot import module {module_name!r} ({exc}).{hint}"
         ) from exc
     cls = getattr(module, class_name, None)
     if cls is None:

@@ -185,12 +185,14 @@ class RunReport:
     """Shards in the run's plan (this process's block of them with ``processes``: ``expanded`` + ``reused``)."""
 
     def rows(self) -> list[tuple[str, str]]:
-        """What the run did, as ``(item, value)`` rows (the CLI prints them, the dataset card shows them)."""
+        """What the run did, as ``(item, value)`` rows (the CLI prints them, the dataset card shows them): shards this
+        run generated, shards an earlier run had already written (read from the cache, not generated again), shards
+        retried and why; e.g. ``("shards generated", "2 of 3 (shards 0, 2)")``."""
         retried = "; ".join(f"shard {i}: " + ", ".join(why) for i, why in sorted(self.retried.items()))
         rows = [
             ("executor", self.executor),
-            ("shards run", f"{len(self.expanded)} of {self.shards}" + _indices(self.expanded)),
-            ("shards reused from the cache", f"{len(self.reused)}" + _indices(self.reused)),
+            ("shards generated", f"{len(self.expanded)} of {self.shards}" + _indices(self.expanded)),
+            ("shards from the cache", f"{len(self.reused)} of {self.shards}" + _indices(self.reused)),
             ("shards retried", f"{len(self.retried)}" + (f" ({retried})" if retried else "")),
         ]
         if self.workers:
@@ -205,7 +207,7 @@ class RunReport:
 
 def _indices(indices: list[int]) -> str:
     shown = ", ".join(map(str, sorted(indices)[:10])) + (", ..." if len(indices) > 10 else "")
-    return f" ({shown})" if indices else ""
+    return f" ({'shard' if len(indices) == 1 else 'shards'} {shown})" if indices else ""
 
 
 class Executor(ABC):

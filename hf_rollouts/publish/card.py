@@ -30,17 +30,27 @@ from ..envs.registry import resolve_env_class
 from ..schema import COLUMN_HELP, LOGPROB_CONVENTION_KEY, TaskValidationError
 from .stats import compute_stats
 
-DOCS = "docs/"
-"""Where a card points for how to load, train on and reproduce the data: the documentation site's pages, the
-``docs/`` folder of the hf_rollouts repository (``mkdocs serve`` there shows them as a site). The one place to
-change once the site is published at an address."""
+DOCS = "https://hf-rollouts.github.io/hf_rollouts/"
+"""The documentation site's address (``site_url`` in mkdocs.yml, ``Documentation`` in pyproject.toml's project URLs;
+tests/test_site.py keeps the three equal). A card links absolute addresses: it is read on the Hub, where a path in
+this repository leads nowhere."""
+
+REPOSITORY = "https://github.com/hf-rollouts/hf_rollouts"
+"""The source repository (``repo_url`` in mkdocs.yml, ``Repository`` in pyproject.toml's project URLs)."""
 
 GUIDES = {
     "training": "guides/training.md",
     "columns": "concepts/rollout-columns.md",
     "reproducibility": "guides/reproducibility.md",
 }
-"""The docs pages a card links, under :data:`DOCS` (tests/test_docs.py checks each exists)."""
+"""The docs pages a card links, as paths under ``docs/`` (tests/test_docs.py checks each exists)."""
+
+
+def page_url(page: str) -> str:
+    """The site address of the docs page ``page`` (a path under ``docs/``, e.g. ``guides/training.md``), as mkdocs
+    publishes it (one folder per page)."""
+    return DOCS + page.removesuffix(".md").removesuffix("index") + ("" if page.endswith("index.md") else "/")
+
 
 MAX_SHOWN_VALUES = 4
 """Distinct values of one key listed in a config table before it says how many there are."""
@@ -192,5 +202,7 @@ def render_card(
         load_path=load_path,
         pad_token_id=pad_token_id,
         plain_load=plain,
-        guides={name: DOCS + page for name, page in GUIDES.items()},
+        guides={name: page_url(page) for name, page in GUIDES.items()},
+        docs=DOCS,
+        repository=REPOSITORY,
     )
