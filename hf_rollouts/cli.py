@@ -133,7 +133,7 @@ def _dataset_tasks(args):
         config["extraction"] = args.extraction
     try:
         ds = load_source(args.from_dataset, args.split, args.dataset_config)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, ConnectionError) as exc:  # ConnectionError: a Hub id, offline
         raise UsageError(f"--from-dataset {args.from_dataset}: {exc}") from exc
     if args.num_tasks is not None:
         ds = ds.select(range(min(args.num_tasks, len(ds))))

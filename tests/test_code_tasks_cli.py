@@ -10,7 +10,7 @@ import pytest
 from datasets import Dataset, load_from_disk
 
 from hf_rollouts.cli import main
-from hf_rollouts.envs.dataset import answer_column_option, to_task_rows
+from hf_rollouts.envs.dataset import answer_column_option, load_source, to_task_rows
 from hf_rollouts.schema import TaskValidationError
 from hf_rollouts.verify import build_verifier
 
@@ -130,3 +130,17 @@ def test_tests_column_in_python_its_defaults_and_refusals():
         to_task_rows(mbpp, prompt_column="text", answer_column="test_list", tests_column="test_list")
     with pytest.raises(TaskValidationError, match="answer_column=None"):
         to_task_rows(mbpp, prompt_column="text", tests_column="test_list")
+
+
+def test_a_missing_file_is_named_not_looked_up_on_the_hub(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for source in ("mbpp.jsonl", "./data/rows.parquet", str(tmp_path / "no_such_folder")):
+        with pytest.raises(FileNotFoundError, match="no such file or folder"):
+            load_source(source)
+    assert main(["tasks", "--from-dataset", "mbpp.jsonl", "--tests-column", "test_list", "--output", "t"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .startswith("error: --from-dataset mbpp.jsonl: mbpp.jsonl: no such file or folder")
+    )

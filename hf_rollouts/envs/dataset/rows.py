@@ -176,7 +176,8 @@ def answer_column_option(value: str | None, tests_column: str | None = None) -> 
 def load_source(source: str, split: str = "train", name: str | None = None) -> Dataset:
     """A dataset from what ``--from-dataset`` names: a json / jsonl / csv / parquet / txt file (its rows are split
     ``split``), a ``save_to_disk`` directory, a folder of data files, or a Hub dataset id (``name``: its config,
-    e.g. GSM8K's ``"main"``)."""
+    e.g. GSM8K's ``"main"``). A path that is not there (a data file's suffix, or starting with ``.``, ``/``, ``~``)
+    raises ``FileNotFoundError``, not a Hub look-up."""
     path = Path(source)
     if path.is_file() and path.suffix in FILE_BUILDERS:
         return load_dataset(FILE_BUILDERS[path.suffix], data_files={split: str(path)}, split=split)
@@ -184,6 +185,8 @@ def load_source(source: str, split: str = "train", name: str | None = None) -> D
         return load_dataset_source(source, split)
     if path.is_file():
         raise ValueError(f"{source}: cannot tell its format; give a {sorted(FILE_BUILDERS)} file, or a folder.")
+    if not path.exists() and (path.suffix in FILE_BUILDERS or source.startswith((".", "/", "~"))):
+        raise FileNotFoundError(f"{source}: no such file or folder (from {Path.cwd()}); check the path.")
     loaded = load_dataset(source, name, split=split)
     return loaded[split] if isinstance(loaded, DatasetDict) else loaded
 
