@@ -45,8 +45,8 @@ class TasksArgs:
     answer_column: str | None = field(
         default=None,
         metadata={
-            "help": "--from-dataset: the column holding the reference answer (default: answer; none with "
-            "--tests-column). 'none': no answer column (a verifier that reads other columns, see --column)."
+            "help": "--from-dataset: the column holding the reference answer; unset: 'answer' (with --tests-column: "
+            "none). 'none': no answer column (a verifier that reads other columns, see --column)."
         },
     )
     answer_extraction: str | None = field(
