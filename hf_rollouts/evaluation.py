@@ -20,8 +20,8 @@ from typing import Any
 from datasets import Dataset
 
 from .agents.base import Agent
-from .pipeline import generate_rollouts
 from .publish.stats import compute_stats
+from .training.loop import collect_rollouts
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -88,20 +88,18 @@ def evaluation_of(rollouts: Dataset, seconds: float = math.nan) -> Evaluation:
 
 
 def evaluate_agent(
-    tasks: Dataset, agent: Agent, num_rollouts: int = 1, *, seed: int, cache_dir: str | Path, **options: Any
+    tasks: Dataset,
+    agent: Agent,
+    num_rollouts: int = 1,
+    *,
+    seed: int,
+    cache_dir: str | Path | None = None,
+    **options: Any,
 ) -> Evaluation:
     """Play ``num_rollouts`` episodes of every row with ``agent`` (never from a cache: the agent's weights may have
-    changed under the same fingerprint) and return their :class:`Evaluation`. ``options`` go to
-    :func:`~hf_rollouts.pipeline.generate_rollouts`."""
+    changed under the same fingerprint; :func:`hf_rollouts.training.collect_rollouts`, the model in ``eval()``) and
+    return their :class:`Evaluation`. ``cache_dir``: where the shard files go (default: a temporary directory).
+    ``options`` go to :func:`~hf_rollouts.pipeline.generate_rollouts`."""
     start = time.perf_counter()
-    rollouts = generate_rollouts(
-        tasks,
-        agent,
-        num_rollouts,
-        seed=seed,
-        cache_dir=cache_dir,
-        load_from_cache_file=False,
-        progress=False,
-        **options,
-    )
+    rollouts = collect_rollouts(tasks, agent, num_rollouts, seed=seed, cache_dir=cache_dir, **options)
     return evaluation_of(rollouts, time.perf_counter() - start)

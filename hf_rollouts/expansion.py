@@ -139,7 +139,7 @@ def play_rows(
         env = envs.get(path, config)
         groups += task_groups(env, [task], r, prefix=f"row{row}/", start=k * r, seed=derive_seed(opts.seed, row))
     agent.set_seed(derive_seed(opts.seed, row_ids[0]))
-    return play_groups(
+    played = play_groups(
         groups,
         agent,
         max_concurrency=max_concurrency,
@@ -149,6 +149,11 @@ def play_rows(
         episode_timeout=opts.episode_timeout,
         env_workers=opts.env_workers,
     )
+    settings = agent.logprob_settings()  # taken after the run: the weights that sampled
+    for group in played:
+        for episode in group.episodes:
+            episode.logprob_settings = settings
+    return played
 
 
 def rollout_columns(groups: list[EpisodeGroup], pad_token_id: int) -> dict[str, list]:

@@ -39,8 +39,9 @@ TASK_COLUMN_HELP = {
 
 LOGPROB_CONVENTION_KEY = "hf_rollouts_logprob_convention"
 """Dataset-card YAML key of the stored log-probs' convention, ``{"kind": "raw" | "processed",
-"temperature": T}`` (the values are ``log_softmax(logits / T)``); absent for hf_rollouts' own
-agents, whose log-probs are always at the sampling temperature. See :mod:`hf_rollouts.training.convention`."""
+"temperature": T}`` (the values are ``log_softmax(logits / T)``), written by the inference-server agents. Every
+rollout also records its settings in the ``logprob_settings`` column (:data:`LOGPROB_SETTINGS`), which training reads
+first. See :mod:`hf_rollouts.training.convention`."""
 
 PAD_TOKEN = "pad_token"
 """Padding marker of the id column: the tokenizer's ``pad_token_id``."""
@@ -95,6 +96,18 @@ MESSAGE = {
 """One chat message; ``tool_calls`` on an assistant message that called tools, ``tool_call_id``/``name`` on a
 ``tool`` message (null elsewhere). Call arguments are a JSON string, as in the OpenAI format (chat templates
 want a dict: :func:`hf_rollouts.chat.template_messages` converts a stored conversation for ``apply_chat_template``)."""
+LOGPROB_SETTINGS = {
+    "kind": Value("string"),
+    "temperature": Value("float32"),
+    "top_p": Value("float32"),
+    "top_k": Value("int32"),
+    "agent": Value("string"),
+}
+"""How one rollout's stored log-probs were made: ``kind`` (``"processed"``: ``log_softmax(logits / temperature)``,
+hf_rollouts' own agents and servers asked for processed log-probs; ``"raw"``: a server's ``log_softmax(logits)``,
+recorded as temperature 1), the ``temperature`` they are at, the sampler's ``top_p`` / ``top_k`` (null when the agent
+has none) and ``agent``, a hash of the agent's fingerprint (its weights probe included: which policy sampled).
+Training recomputes at ``temperature`` (:mod:`hf_rollouts.training.convention`)."""
 TOOL_CALL_RECORD = {
     "turn": Value("int32"),
     "name": Value("string"),
@@ -179,6 +192,14 @@ ROLLOUT_COLUMNS: tuple[Column, ...] = (
         0,
         "[rollout][token] 1 on every token of a tool-result delta (environment tokens: agent mask 0)",
     ),
+    Column(
+        "logprob_settings",
+        "logprob_settings",
+        LOGPROB_SETTINGS,
+        None,
+        "[rollout] how the stored log-probs were made: kind, temperature, top_p, top_k and the agent's fingerprint "
+        "hash (null when the agent records none)",
+    ),
     Column("num_tool_calls", "num_tool_calls", Value("int32"), None, "[rollout] tool calls the agent made"),
     Column(
         "num_tool_errors",
@@ -194,6 +215,14 @@ ROLLOUT_COLUMNS: tuple[Column, ...] = (
         None,
         "[rollout] each tool call: agent turn, tool name, arguments, status (`ok`, `error`, `timeout`, "
         "`malformed`, `limit`, `not_run`) and seconds",
+    ),
+    Column(
+        "infos",
+        "info_json",
+        Value("string"),
+        None,
+        "[rollout] the env's `info` of the last agent turn as JSON text (`json.loads` it), e.g. a dataset env's "
+        "extracted answer, reward components and the reason for a 0; null when empty (no step, or a failed one)",
     ),
 )
 

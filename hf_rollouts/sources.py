@@ -48,3 +48,22 @@ def _pick_split(dd: DatasetDict, split: str, where: str) -> Dataset:
     if split not in dd:
         raise KeyError(f"{where} has no split {split!r}; it has {list(dd)}. Pass split=...")
     return dd[split]
+
+
+def load_tasks(source: str | Path | Dataset | DatasetDict, split: str = "train") -> Dataset:
+    """A task-row dataset (``env_class_path``, ``env_config``, ``task_data`` per row) from ``source``: a ``.json``
+    file (a list of rows) or a ``.jsonl`` file (a row a line), read with ``json`` so each row's dicts stay exact
+    (:func:`hf_rollouts.schema.as_task_dataset`), or anything :func:`load_dataset_source` reads (a ``save_to_disk``
+    folder, parquet files, a Hub id, a ``Dataset``)."""
+    text = str(source) if isinstance(source, (str, Path)) else ""
+    if text.endswith((".json", ".jsonl")):
+        import json
+
+        from .schema import as_task_dataset
+
+        body = Path(text).read_text()
+        rows = json.loads(body) if text.endswith(".json") else [json.loads(x) for x in body.splitlines() if x.strip()]
+        if not isinstance(rows, list):
+            raise ValueError(f"{text} must hold a JSON list of task rows ({{env_class_path, env_config, task_data}}).")
+        return as_task_dataset(rows)
+    return load_dataset_source(source, split)

@@ -14,8 +14,10 @@ contracts between the parts of the library can be read in one place:
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -57,6 +59,55 @@ def scalar_info(info: Any) -> dict[str, Any]:
     if not isinstance(info, dict):
         return {}
     return {str(k): v for k, v in info.items() if isinstance(v, INFO_SCALARS)}
+
+
+def info_json(info: Any) -> str | None:
+    """An env's step ``info`` as JSON text (the ``infos`` rollout column), ``None`` for an empty or missing one.
+
+    Never raises, so an ``info`` that JSON cannot hold never stops a run: mappings become objects (a key that is not
+    a ``str`` becomes its ``repr``), lists, tuples and sets arrays, ints and other real numbers (numpy's included)
+    ``int``/``float`` (written exactly: ``json.loads`` gives the same float back; NaN and infinities as Python's
+    ``json`` writes them, ``NaN``/``Infinity``), anything else its ``repr`` as a string (an object inside itself:
+    ``"<cycle>"``).
+    """
+    if not info:
+        return None
+    try:
+        return json.dumps(_jsonable(info, frozenset()), ensure_ascii=False)
+    except Exception as exc:  # e.g. RecursionError for an info nested deeper than Python's stack
+        return json.dumps({"info_not_stored": f"{type(exc).__name__}: {_safe_repr(exc)}"})
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{type(value).__name__} without a repr>"
+
+
+def _jsonable(value: Any, seen: frozenset[int]) -> Any:
+    """``value`` as plain JSON values (see :func:`info_json`)."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if hasattr(value, "tolist") and not isinstance(value, (Mapping, list, tuple)):  # a numpy array or scalar
+        try:
+            value = value.tolist()
+        except Exception:
+            return _safe_repr(value)
+        if not isinstance(value, (list, tuple)):
+            return _jsonable(value, seen)
+    if isinstance(value, (Mapping, list, tuple, set, frozenset)):
+        if id(value) in seen:
+            return "<cycle>"
+        inner = seen | {id(value)}
+        if isinstance(value, Mapping):
+            return {k if isinstance(k, str) else _safe_repr(k): _jsonable(v, inner) for k, v in value.items()}
+        return [_jsonable(v, inner) for v in value]
+    return _safe_repr(value)
 
 
 def reward_rule_violation(status: str, final_reward: float, per_token_rewards: list[float]) -> str | None:
@@ -245,6 +296,9 @@ class Episode:
     """Whether the task was solved, as the env says it (``info["solved"]`` of its last step that said): ``None``
     when it did not (then :func:`hf_rollouts.rollout.group.settle_solved` compares the final reward with the env's
     ``max_reward``); ``False`` for an ``error`` episode."""
+    logprob_settings: dict[str, Any] | None = None
+    """How ``logprobs`` were made (:data:`hf_rollouts.schema.LOGPROB_SETTINGS`), set by the expansion from the agent's
+    :meth:`~hf_rollouts.agents.base.Agent.logprob_settings`; ``None`` when the agent records none."""
     env_state: Any = field(default=None, repr=False, compare=False)
     """The env's state object at the end of a ``done``/``truncated`` episode, kept only until the task's group
     rewards are computed (:mod:`hf_rollouts.rollout.group`); never stored in a dataset."""
@@ -252,6 +306,14 @@ class Episode:
     @property
     def full_attention_mask(self) -> list[int]:
         return [1] * len(self.full_token_ids)
+
+    @property
+    def info_json(self) -> str | None:
+        """The ``info`` of the episode's last agent turn (what the env's ``_step_episode`` returned for it, with the
+        recorder's ``unplaced_reward`` and a group hook's ``group_reward`` where they apply) as JSON text
+        (:func:`info_json`); ``None`` when it is empty: no turn, a step that returned no info, or a step that failed
+        (an ``error`` episode: see ``error``)."""
+        return info_json(self.turns[-1].info) if self.turns else None
 
     def check(self) -> None:
         """Raise ``AssertionError`` if an invariant (see the class docstring) is broken."""
@@ -277,16 +339,17 @@ class Episode:
 
     def to_dict(self) -> dict[str, Any]:
         """The unpadded episode dictionary ``_run_complete_episode`` returns: every field but ``env_state`` (which
-        never leaves the engine), plus ``full_attention_mask``. Its keys are the ``source`` names of
-        :data:`hf_rollouts.schema.ROLLOUT_COLUMNS`."""
+        never leaves the engine), plus the derived ``full_attention_mask`` and ``info_json``. Its keys are the
+        ``source`` names of :data:`hf_rollouts.schema.ROLLOUT_COLUMNS`."""
         out = {name: getattr(self, name) for name in _DICT_FIELDS}
         out["full_attention_mask"] = self.full_attention_mask
+        out["info_json"] = self.info_json
         return out
 
     @classmethod
     def from_dict(cls, episode: dict[str, Any]) -> Episode:
-        """The :class:`Episode` of an episode dictionary (:meth:`to_dict`'s keys; ``full_attention_mask`` is derived,
-        so it is ignored). A missing field raises ``TypeError`` naming it."""
+        """The :class:`Episode` of an episode dictionary (:meth:`to_dict`'s keys; ``full_attention_mask`` and
+        ``info_json`` are derived, so they are ignored). A missing field raises ``TypeError`` naming it."""
         return cls(**{name: episode[name] for name in _EPISODE_FIELDS if name in episode})
 
 

@@ -23,7 +23,9 @@ PY="${PYTHON:-python3}"
 # module to import = the wheel that provides it (the versions the development .venv runs)
 WHEELS=(
     "datasets=datasets==5.2.0" "dill=dill==0.4.1" "multiprocess=multiprocess==0.70.19" "xxhash=xxhash==4.1.0"
-    "httpx2=httpx2==2.16.2" "httpcore2=httpcore2==2.16.2" "truststore=truststore==0.10.5" "trl=trl==1.16.0"
+    "aiohttp=aiohttp==3.14.5" "multidict=multidict==7.2.1" "yarl=yarl==1.25.1" "propcache=propcache==0.5.4"
+    "frozenlist=frozenlist==1.8.0" "aiosignal=aiosignal==1.4.0" "aiohappyeyeballs=aiohappyeyeballs==2.7.1"
+    "attr=attrs==26.1.0" "trl=trl==1.16.0"
     "xdist=pytest-xdist==3.8.0" "execnet=execnet==2.1.2"
 )
 MAX_MIB=60

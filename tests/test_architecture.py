@@ -87,9 +87,14 @@ def test_layers_point_down():
     forbidden = ("hf_rollouts.agents.hf", "hf_rollouts.agents.openai", "hf_rollouts.pipeline", "hf_rollouts.training",
                  "hf_rollouts.cli", "hf_rollouts.publish", "hf_rollouts.envs.registry")  # fmt: skip
     assert not [m for m in env_base if m.startswith(forbidden)], sorted(env_base)
-    training = [m for m in graph if m.startswith("hf_rollouts.training")]
+    # training's data part reads only the data layer; the loop pieces (training.loop, re-exported by the package)
+    # also play rounds (pipeline) and build envs for task rows, and the scripts' shared parts (runs, demonstrations)
+    # load agents and evaluate
+    loop = {f"hf_rollouts.training{m}" for m in ("", ".loop", ".runs", ".demonstrations")}
+    training = [m for m in graph if m.startswith("hf_rollouts.training") and m not in loop]
     outside = {m for m in _reach(graph, training) if not m.startswith("hf_rollouts.training")}
     assert outside <= {"hf_rollouts.schema", "hf_rollouts.sources"}, outside
+    assert not loop & _reach(graph, training), "the data part of training must not import the loop"
     rollout = [m for m in graph if m.startswith("hf_rollouts.rollout")]
     assert not [m for m in _reach(graph, rollout) if m.startswith("hf_rollouts.envs")]
 

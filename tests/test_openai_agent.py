@@ -522,23 +522,80 @@ def test_a_server_that_stalls_mid_body_is_cut_at_the_deadline():
 
 
 def test_every_connection_of_the_client_is_bounded_by_the_attempt_deadline():
-    """The deadline bounds the whole attempt whatever carries it: with the client's default transport and every
-    mount (e.g. a proxy's) replaced by one that never answers, a request still ends at its deadline."""
+    """The deadline bounds the whole attempt whatever carries it: with a connector whose name lookup never answers
+    (aiohttp's own timeouts left at theirs), a request still ends at its deadline and never reaches the server."""
     import asyncio
 
-    import httpx2
+    import aiohttp
+    from aiohttp.abc import AbstractResolver
 
-    class Silent(httpx2.AsyncBaseTransport):
-        async def handle_async_request(self, request):
+    from hf_rollouts.aio import ENGINE_LOOP
+
+    class Silent(AbstractResolver):
+        async def resolve(self, host, port=0, family=socket.AF_INET):
             await asyncio.sleep(3600)
 
+        async def close(self):
+            pass
+
+    async def silent_session():
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(resolver=Silent()))
+
     with LoopbackServer(lambda h, i, body: send_json(h, OK_BODY)) as server:
-        agent = agent_for(server, timeout=0.4, max_retries=0)
-        agent._http()._client = httpx2.AsyncClient(transport=Silent(), mounts={"all://": Silent()})
+        url = server.url.replace("127.0.0.1", "localhost")  # a name, so the connector must look it up
+        agent = OpenAIChatAgent(base_url=url, model="m", timeout=0.4, max_retries=0, **FAST, **CHAT_ONLY)
+        agent._http()._session = ENGINE_LOOP.call(silent_session())
         t0 = time.monotonic()
         with pytest.raises(OpenAIRequestError, match=r"did not complete within the 0.4s deadline"):
             agent.act(request())
         assert time.monotonic() - t0 < 2.5 and server.bodies == []  # never reached the server
+        agent.close()
+
+
+def test_many_requests_in_flight_reuse_their_connections_against_a_server_in_its_own_process(tmp_path):
+    """Two waves of 300 requests, 64 in flight, against the benchmark's loopback server in a process of its own
+    (``scripts/benchmark_client.py --serve``): every answer arrives, nothing is retried, and the client opened at
+    most 64 connections over both waves (keep-alive: the second wave opens none)."""
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "benchmark_client.py"
+    (tmp_path / "guesses.json").write_text("{}")  # chat answers need no token table
+    cmd = [sys.executable, str(script), "--serve", "--guesses", str(tmp_path / "guesses.json"), "--server-lifetime",
+           "120"]  # fmt: skip
+    server = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        port = server.stdout.readline().split()[1]
+        agent = OpenAIChatAgent(base_url=f"http://127.0.0.1:{port}/instant/v1", model="m", concurrency=64,
+                                timeout=30, max_retries=0, **CHAT_ONLY)  # fmt: skip
+        for wave in range(2):
+            out = agent.act_batch([request(session=f"{wave}/{i}") for i in range(300)])
+            assert [a for a in out if isinstance(a, Exception)] == []
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=30) as answer:
+            stats = json.loads(answer.read())
+        assert stats["server_requests"] == 600 and 1 <= stats["connections"] <= 64
+        assert agent.stats["attempts"] == 600 and agent.stats["retries"] == 0
+        agent.close()
+    finally:
+        server.stdin.close()  # the server exits when its stdin closes
+        server.wait(timeout=30)
+
+
+def test_a_client_dropped_without_close_has_its_session_closed():
+    import gc
+
+    with LoopbackServer(lambda h, i, body: send_json(h, OK_BODY)) as server:
+        agent = agent_for(server)
+        agent.act(request())
+        session = agent._http()._session
+        del agent
+        gc.collect()
+        deadline = time.monotonic() + 5
+        while not session.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert session.closed  # closed on the engine loop, so aiohttp has no unclosed session to report
 
 
 # -- sampling fields, log-prob conventions, stop ids -------------------------------------------------

@@ -271,7 +271,14 @@ def test_cli_token_mode_run_and_the_logprob_convention_in_training(tiny, tokeniz
     shown = _cli("inspect", str(tmp_path / "ok"))
     assert shown.returncode == 0 and "re-tokenized" not in shown.stdout
     prepared = prepare_rollouts(str(tmp_path / "ok"), flatten=True)
-    assert prepared.logprob_convention == {"kind": "raw", "temperature": 1.0}  # read back from the card
+    convention = prepared.logprob_convention  # read back from the rows: the server's raw log-probs at temperature 1
+    assert {k: convention[k] for k in ("kind", "temperature", "top_p", "top_k")} == {
+        "kind": "raw",
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+    }
+    assert len(convention["agents"]) == 1  # one agent made every row
     row = prepared.dataset[0]
     ids = torch.tensor([row["input_ids"]])
     with pytest.raises(ValueError, match=r"log_softmax\(logits / 1\).*temperature=0.5.*processed_logprobs"):

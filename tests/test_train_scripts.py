@@ -202,3 +202,91 @@ def test_learning_report_combines_runs_into_one_json_and_figure(tmp_path):
     assert saved["runs"][0]["change"] == pytest.approx(0.6) and saved["runs"][1]["after"]["success"] == 0.2
     assert saved["runs"][0]["command"] == "python x.py --run" and saved["runs"][0]["cpu_seconds"] == 5
     assert out.with_suffix(".png").is_file() == (importlib.util.find_spec("matplotlib") is not None)
+
+
+def _task_files(tmp_path):
+    """Arithmetic task rows as files (what another team's dataset-derived task hands the scripts): train rows as
+    jsonl, held-out rows as parquet."""
+    from hf_rollouts.envs.arithmetic import ArithmeticEnv
+    from hf_rollouts.tiny_model import build_tiny_model
+
+    env = ArithmeticEnv(build_tiny_model()[1], {})
+    train, held = env.get_train_dataset(4), env.get_eval_dataset(5)
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in train.to_list()))
+    held.to_parquet(str(tmp_path / "held.parquet"))
+    return train, held
+
+
+def test_train_grpo_takes_task_rows_from_files(grpo, tmp_path):
+    train, held = _task_files(tmp_path)
+    out = tmp_path / "run"
+    argv = [
+        *("--tasks", str(tmp_path / "train.jsonl"), "--eval-tasks-path", str(tmp_path / "held.parquet")),
+        *("--eval-tasks", "3", "--iterations", "2", "--tasks-per-iter", "2", "--num-rollouts", "2"),
+        *("--max-new-tokens", "3", "--keep-rollouts", "--quiet", "--plot", "none", "--output-dir", str(out)),
+    ]
+    history = grpo.train(grpo.parse_args(argv))
+    assert len(history) == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["heldout_before"]["episodes"] == 3  # the first 3 held-out rows of the file
+    from datasets import load_from_disk
+
+    played = [r for it in (0, 1) for r in load_from_disk(str(out / "rollouts" / f"iter{it:04d}"))["task_data"]]
+    assert played == [r["task_data"] for r in train.to_list()]  # the file's rows, in order, not the env's split
+
+
+def test_train_trl_takes_task_rows_from_files(trl_script, tmp_path):
+    _task_files(tmp_path)
+    argv = [
+        *("--tasks", str(tmp_path / "train.jsonl"), "--eval-tasks-path", str(tmp_path / "held.parquet")),
+        *("--eval-tasks", "2", "--max-steps", "1", "--tasks-per-step", "2", "--num-generations", "2"),
+        *("--max-new-tokens", "3", "--quiet", "--output-dir", str(tmp_path / "trl")),
+    ]
+    rows = trl_script.train(trl_script.parse_args(argv))
+    summary = json.loads((tmp_path / "trl" / "summary.json").read_text())
+    assert len(rows) == 1 and summary["heldout_after"]["episodes"] == 2
+
+
+# The flags and defaults each script's --help listed before its options moved into hf_rollouts.training.runs
+# (captured from main at 69cd5b5): the scripts keep them exactly.
+_COMMON = {"--seed": "0", "--model": "tiny", "--env-config": "None", "--control": "none", "--trainable-layers": "0",
+           "--temperature": "1.0", "--quiet": "False"}  # fmt: skip
+_FILES = {"--tasks": "None", "--eval-tasks-path": "None", "--low": "3", "--high": "3", "--eval-tasks": "0",
+          "--eval-rollouts": "1", "--env": "guess_number", "--max-new-tokens": "3"}  # fmt: skip
+_ROUNDS = {"--iterations": "20", "--num-rollouts": "8", "--minibatch-size": "64", "--clip-eps": "0.2",
+           "--max-grad-norm": "1.0", "--plot": "None"}  # fmt: skip
+SCRIPT_FLAGS = {
+    "train_grpo": {**_COMMON, **_FILES, **_ROUNDS, "--output-dir": "outputs/train_grpo", "--tasks-per-iter": "32",
+                   "--lr": "0.01", "--ppo-epochs": "1", "--advantage": "grpo", "--keep-constant-groups": "False",
+                   "--max-turns": "1", "--model-size": "tiny", "--eval-every": "0", "--share-prefix": "False",
+                   "--keep-rollouts": "False", "--keep-denormals": "False"},
+    "train_tools": {**_COMMON, **_ROUNDS, "--output-dir": "outputs/train_tools", "--env": "hidden_function",
+                    "--max-coef": "9", "--max-x": "9", "--max-turns": "2", "--demo-tool-rate": "0.5",
+                    "--demo-tasks": "64", "--demo-rollouts": "4", "--sft-steps": "150", "--sft-batch-size": "32",
+                    "--sft-lr": "0.003", "--tasks-per-iter": "16", "--lr": "0.003", "--max-new-tokens": "64",
+                    "--eval-tasks": "64", "--eval-rollouts": "2", "--eval-base": "True", "--no-eval-base": "False",
+                    "--sft-only": "False", "--trl": "False"},
+    "train_trl": {**_COMMON, **_FILES, "--max-steps": "30", "--num-generations": "8", "--tasks-per-step": "4",
+                  "--steps-per-generation": "1", "--lr": "0.03", "--max-turns": "2", "--fp32": "False",
+                  "--use-vllm": "False", "--vllm-server-base-url": "None", "--output-dir": "None"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPT_FLAGS))
+def test_each_script_s_help_lists_the_flags_and_defaults_it_always_had(name, capsys):
+    import re
+
+    script = _script(name)
+    try:
+        with pytest.raises(SystemExit):
+            script.parse_args(["--help"])
+    finally:
+        sys.modules.pop(name, None)
+    options = capsys.readouterr().out.split("options:", 1)[1]
+    listed = {}
+    for block in re.split(r"\n(?=  -)", options):
+        flags = re.split(r"\s{2,}", block.strip().split("\n")[0])[0]  # "--a_b A_B, --a-b A_B" or "--a A"
+        if flags.startswith("--"):
+            default = re.match(r".*\(default: (.*?)\)$", " ".join(block.split())).group(1)
+            listed[re.findall(r"--[\w-]+", flags)[-1]] = default
+    assert listed == SCRIPT_FLAGS[name]

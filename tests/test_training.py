@@ -103,6 +103,8 @@ def handmade_rollouts() -> Dataset:
                 "num_tool_calls": [0 for _ in group],
                 "num_tool_errors": [0 for _ in group],
                 "tool_calls": [[] for _ in group],
+                "logprob_settings": [None for _ in group],  # a hand-made dataset: nothing recorded
+                "infos": [None for _ in group],
             }
         )
     unknown = set(ROLLOUT_FEATURES) - set(rows[0])
@@ -296,8 +298,10 @@ def test_collator_pads_right_and_masks_exactly():
         "per_token_rewards": (4, 6),
         "advantages": (4, 6),
         "old_logprobs": (4, 6),
+        "agent_mask": (4, 6),
         "final_rewards": (4,),
         "group_ids": (4,),
+        "logprob_temperature": (4,),
     }
     assert batch["input_ids"].dtype == torch.long and batch["loss_mask"].dtype == torch.float32
     assert batch["input_ids"].tolist() == [
@@ -354,7 +358,7 @@ def test_collator_works_with_dataloader_and_accelerate():
     assert [b["input_ids"].shape[0] for b in batches] == [3, 3, 2]
     for a, b in zip(plain, batches):
         for key in a:
-            assert torch.equal(a[key], b[key].cpu()), key
+            torch.testing.assert_close(a[key], b[key].cpu(), rtol=0, atol=0, equal_nan=True, msg=key)
     assert batches[0]["loss_mask"].device.type == accelerator.device.type  # cuda:0 is cuda: compare kinds
 
 

@@ -120,3 +120,29 @@ class Agent(ABC):
     def describe(self) -> dict[str, Any]:
         """What the dataset card says about this agent (model, sampling settings)."""
         return self.fingerprint()
+
+    def logprob_convention(self) -> dict[str, Any] | None:
+        """Which quantity the log-probs this agent reports are: ``{"kind": "processed" | "raw", "temperature": T}``
+        (the values are ``log_softmax(logits / T)``); ``None`` when unknown or when it reports none (the default)."""
+        return None
+
+    def logprob_settings(self) -> dict[str, Any] | None:
+        """What every rollout of this agent records (:data:`hf_rollouts.schema.LOGPROB_SETTINGS`): its
+        :meth:`logprob_convention`, its ``sampling``'s ``top_p`` / ``top_k`` when it has a
+        :class:`~hf_rollouts.agents.sampling.SamplingConfig`, and a hash of its :meth:`fingerprint`; ``None`` when the
+        convention is unknown."""
+        convention = self.logprob_convention()
+        if not convention:
+            return None
+        import hashlib
+        import json
+
+        sampling = getattr(self, "sampling", None)
+        digest = hashlib.sha256(json.dumps(self.fingerprint(), sort_keys=True, default=str).encode()).hexdigest()
+        return {
+            "kind": convention.get("kind"),
+            "temperature": float(convention.get("temperature", 1.0)),
+            "top_p": getattr(sampling, "top_p", None),
+            "top_k": getattr(sampling, "top_k", None),
+            "agent": digest[:16],
+        }

@@ -337,7 +337,8 @@ class MultistepEnv(ABC):
         Keys: ``full_token_ids``, ``full_attention_mask``, ``agent_token_mask``,
         ``per_token_rewards``, ``final_reward``, plus ``sampled_token_mask``, ``logprobs``
         (None if the agent gave none), ``num_turns``, ``num_cut_turns``, ``status``,
-        ``error``, ``messages`` and ``turns`` (:class:`~hf_rollouts.types.Episode`).
+        ``error``, ``messages``, ``turns`` and ``info_json`` (the last turn's ``info`` as JSON text)
+        (:class:`~hf_rollouts.types.Episode`).
         With ``on_error="raise"`` exceptions propagate. The env's group rewards are applied with the episode as
         its own group (there is no other rollout of the task here).
         """

@@ -31,6 +31,9 @@ that ends the episode (:data:`TRUNCATED_KEY`; anything else is an :class:`EnvOut
 **Solved, as the environment says it.** ``info["solved"]`` (a bool; :data:`SOLVED_KEY`) on a step says whether the
 task is solved; the last step that says it decides ``Episode.solved``. An env that never says leaves it ``None``,
 and the final reward decides against the env's ``max_reward`` (:func:`~hf_rollouts.rollout.group.settle_solved`).
+
+**Info, kept.** Each step's ``info`` is kept on its :class:`~hf_rollouts.types.Turn`; the last turn's is stored with the
+rollout as JSON text (the ``infos`` column, :attr:`~hf_rollouts.types.Episode.info_json`), whatever it holds.
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
 """From a rollout dataset to GRPO/PPO training batches and a loss.
 
-Three pieces, usable separately:
+The loop pieces (:mod:`.loop`): :func:`collect_rollouts` (a round of fresh rollouts, never a cache replay),
+:func:`grpo_update` (one GRPO update over a prepared round: minibatches, clipping, optional KL, gradient clipping,
+several processes through accelerate), :func:`sft_update` (an imitation warm start on demonstrations, loss on agent
+tokens only); held-out success is :func:`hf_rollouts.evaluation.evaluate_agent`.
+
+Underneath, three pieces, usable separately:
 
 * :func:`prepare_rollouts` / :func:`load_rollouts` read a rollout dataset (a
   ``save_to_disk`` directory, parquet files, a Hub id or a ``Dataset``), compute
@@ -20,9 +25,11 @@ holds ``log p(input_ids[t] | input_ids[:t])`` computed as
 ``log_softmax(logits / temperature)`` (the agent's convention, see
 :mod:`hf_rollouts.agents.hf`); position 0 has no prediction and holds 0. The
 stored ``padded_logprobs`` and :func:`token_logprobs` both follow it, so their
-difference is the log importance ratio with no shifting by the caller. Log-probs from an
-inference server may follow another convention (vLLM's default is raw, before temperature);
-the card records it and :func:`token_logprobs` refuses a mismatch (:mod:`.convention`).
+difference is the log importance ratio with no shifting by the caller. Every rollout records how its log-probs were
+made (``logprob_settings``: kind, temperature, top-p, top-k, agent hash; an inference server's may be raw, before
+temperature); :func:`prepare_rollouts` refuses a dataset of mixed settings, the collator hands each row's
+temperature on (``logprob_temperature``) and :func:`token_logprobs` recomputes at it, refusing another one
+(:mod:`.convention`).
 
 Advantage modes (:data:`ADVANTAGE_MODES`), computed per group over the group's
 non-error rollouts and *before* anything is dropped:
@@ -43,10 +50,20 @@ from .advantages import ADVANTAGE_MODES, DROP_REASONS, RolloutFilter, RolloutFil
 from .agreement import LogprobGap, logprob_gap
 from .collate import RolloutCollator
 from .control import shuffle_advantages
-from .convention import check_logprob_convention, read_logprob_convention
+from .convention import check_logprob_convention, read_logprob_convention, split_by_logprob_settings
 from .data import FLAT_FEATURES, PreparedRollouts, load_rollouts, prepare_rollouts
-from .loss import grpo_loss, model_device, token_logprobs
+from .loop import (
+    UpdateConfig,
+    UpdateMetrics,
+    collect_rollouts,
+    flush_denormals,
+    grpo_update,
+    sft_update,
+    task_splits,
+)
+from .loss import batch_logprobs, grpo_loss, model_device, token_logprobs
 from .partial import train_top_layers
+from .report import save_learning_curve, write_summary
 
 __all__ = [
     "ADVANTAGE_MODES",
@@ -57,15 +74,26 @@ __all__ = [
     "RolloutCollator",
     "RolloutFilter",
     "RolloutFilterReport",
+    "UpdateConfig",
+    "UpdateMetrics",
+    "batch_logprobs",
     "check_logprob_convention",
+    "collect_rollouts",
+    "flush_denormals",
     "group_advantages",
     "grpo_loss",
+    "grpo_update",
     "logprob_gap",
     "model_device",
     "load_rollouts",
     "prepare_rollouts",
     "read_logprob_convention",
+    "sft_update",
     "shuffle_advantages",
+    "save_learning_curve",
+    "split_by_logprob_settings",
+    "task_splits",
     "token_logprobs",
     "train_top_layers",
+    "write_summary",
 ]

@@ -32,7 +32,7 @@ def logprob_gap(
     model: torch.nn.Module,
     rows: Dataset,
     pad_token_id: int,
-    temperature: float,
+    temperature: float | None = None,
     *,
     convention: dict | None = None,
     autocast_dtype: torch.dtype | None = None,
@@ -41,7 +41,8 @@ def logprob_gap(
     """Recompute the log-probs of flattened rollout ``rows`` (``prepare_rollouts(..., flatten=True).dataset``) with
     ``model`` as a trainer would (:func:`~.loss.token_logprobs`, under ``torch.autocast(autocast_dtype)`` when
     given, as ``TrainingArguments(bf16=True)`` runs the forward) and compare them with the stored ones on every
-    agent token the loss would use."""
+    agent token the loss would use. ``temperature``: by default the one the rows recorded (it must agree when
+    given)."""
     collate = RolloutCollator(pad_token_id, advantage="per_token")
     device = model_device(model)
     total, worst, count = 0.0, 0.0, 0
@@ -53,7 +54,14 @@ def logprob_gap(
             else contextlib.nullcontext()
         )
         with cast:
-            new = token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature, convention=convention)
+            new = token_logprobs(
+                model,
+                batch["input_ids"],
+                batch["attention_mask"],
+                temperature,
+                convention=convention,
+                recorded_temperature=batch["logprob_temperature"],
+            )
         mask = batch["loss_mask"].bool()
         gap = (new.float().cpu() - batch["old_logprobs"])[mask].abs()
         if gap.numel():

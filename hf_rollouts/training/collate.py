@@ -32,7 +32,11 @@ class RolloutCollator:
     * ``advantages`` (float): the row's scalar ``advantage`` on loss tokens and 0
       elsewhere; in ``"per_token"`` mode the row's per-token rewards on loss tokens;
     * ``old_logprobs`` (float): the stored sampling log-probs, 0 where missing/NaN/padding;
-    * ``final_rewards`` (float ``[batch]``, NaN for errors), ``group_ids`` (long ``[batch]``).
+    * ``agent_mask`` (float 0/1): every agent token (the SFT loss mask: demonstrations need no log-probs);
+    * ``final_rewards`` (float ``[batch]``, NaN for errors), ``group_ids`` (long ``[batch]``);
+    * ``logprob_temperature`` (float ``[batch]``): the temperature each row's stored log-probs are at (its
+      ``logprob_settings``; NaN when not recorded). :func:`~.loss.token_logprobs` takes it as
+      ``recorded_temperature`` (:func:`~.loss.batch_logprobs` does it for you) and recomputes at it.
 
     Args:
         pad_token_id: id used for padding ``input_ids``.
@@ -95,8 +99,10 @@ class RolloutCollator:
             "per_token_rewards": torch.zeros((b, width), dtype=torch.float32),
             "advantages": torch.zeros((b, width), dtype=torch.float32),
             "old_logprobs": torch.zeros((b, width), dtype=torch.float32),
+            "agent_mask": torch.zeros((b, width), dtype=torch.float32),
             "final_rewards": torch.zeros(b, dtype=torch.float32),
             "group_ids": torch.zeros(b, dtype=torch.long),
+            "logprob_temperature": torch.full((b,), math.nan, dtype=torch.float32),
         }
         for i, (row, n) in enumerate(zip(rows, lengths)):
             mode = self._mode(row)
@@ -133,6 +139,10 @@ class RolloutCollator:
             out["per_token_rewards"][i, :n] = torch.where(agent, rewards, 0.0)
             out["advantages"][i, :n] = torch.where(loss, token_adv, 0.0)
             out["old_logprobs"][i, :n] = torch.where(torch.isfinite(old) & attention.bool(), old, 0.0)
+            out["agent_mask"][i, :n] = agent.float()
             out["final_rewards"][i] = final
             out["group_ids"][i] = int(row.get("group_id") or 0)
+            settings = row.get("logprob_settings")
+            if settings and settings.get("temperature") is not None:
+                out["logprob_temperature"][i] = float(settings["temperature"])
         return out

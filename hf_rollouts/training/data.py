@@ -5,6 +5,7 @@ See :mod:`hf_rollouts.training` for the conventions (positions, advantages, erro
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -13,10 +14,10 @@ from typing import Any
 
 from datasets import Dataset, DatasetDict, Features, List, Value
 
-from ..schema import ROLLOUT_FEATURES, require_columns
+from ..schema import LOGPROB_SETTINGS, ROLLOUT_FEATURES, require_columns
 from ..sources import load_dataset_source
 from .advantages import RolloutFilter, RolloutFilterReport, drop_reasons, filter_report, group_advantages
-from .convention import read_logprob_convention
+from .convention import dataset_logprob_convention, read_logprob_convention
 
 PER_ROLLOUT_COLUMNS: tuple[str, ...] = tuple(ROLLOUT_FEATURES)
 """Columns holding one entry per rollout (outer length ``num_rollouts``)."""
@@ -36,6 +37,7 @@ FLAT_FEATURES = Features(
         "num_turns": Value("int32"),
         "group_id": Value("int64"),
         "rollout_index": Value("int32"),
+        "logprob_settings": LOGPROB_SETTINGS,
     }
 )
 """One row per rollout, trimmed to the rollout's real length (no per-task
@@ -44,7 +46,8 @@ padding). ``agent_mask`` is the loss mask before the collator's extra exclusions
 the source has no ``padded_sampled_token_mask`` column); ``old_logprobs`` is ``None`` for a rollout
 whose agent gave no log-probabilities
 and NaN on agent tokens of turns without them; ``group_id`` is the task row's
-index in the loaded dataset and ``rollout_index`` the rollout's index in it."""
+index in the loaded dataset and ``rollout_index`` the rollout's index in it; ``logprob_settings`` is how the
+rollout's log-probs were made (:data:`hf_rollouts.schema.LOGPROB_SETTINGS`, ``None`` when not recorded)."""
 
 
 @dataclass(frozen=True)
@@ -54,8 +57,10 @@ class PreparedRollouts:
     dataset: Dataset
     report: RolloutFilterReport
     logprob_convention: dict[str, Any] | None = None
-    """The stored log-probs' convention from the dataset card (see :mod:`.convention`); pass it to
-    :func:`~.loss.token_logprobs` so a mismatched recomputation is refused."""
+    """How the stored log-probs were made (kind, temperature, top_p, top_k, ``agents``: the agent hashes), from the
+    ``logprob_settings`` column or, for older datasets, the card (see :mod:`.convention`); ``None`` when not
+    recorded. The flattened rows and the collator's ``logprob_temperature`` carry it too, so
+    :func:`~.loss.token_logprobs` recomputes at the recorded temperature."""
 
 
 def _real_length(attention: Sequence[int], where: str) -> int:
@@ -93,6 +98,8 @@ def _flatten_batch(
             out["num_turns"].append(turns[k])
             out["group_id"].append(group_ids[idx])
             out["rollout_index"].append(k)
+            settings = batch["logprob_settings"][row] if "logprob_settings" in batch else None
+            out["logprob_settings"].append(settings[k] if settings else None)
     return out
 
 
@@ -119,6 +126,7 @@ def prepare_rollouts(
     flatten: bool = False,
     split: str = "train",
     batch_size: int = 256,
+    progress: bool = True,
     **filter_options: Any,
 ) -> PreparedRollouts:
     """Load rollouts, score each rollout within its group, drop what must not be trained on.
@@ -136,14 +144,19 @@ def prepare_rollouts(
             ``rollout_indices`` and ``advantage_mode``; rows left with no rollout are removed.
         split: the split to read from a Hub id or a ``DatasetDict``.
         batch_size: task rows per ``Dataset.map`` batch.
+        progress: show ``Dataset.map``'s progress bar (``False`` in a training loop: one bar a round is noise).
         **filter_options: the fields of :class:`~.advantages.RolloutFilter` (``drop_errors``,
             ``keep_truncated``, ``drop_constant_groups``, ``advantage``, ``eps``), with its
             defaults. Advantages are computed before anything is dropped.
 
     Returns:
-        :class:`PreparedRollouts` ``(dataset, report)``. The report is computed
+        :class:`PreparedRollouts` ``(dataset, report, logprob_convention)``. The report is computed
         from the scalar columns, so it is right even when ``Dataset.map`` serves
         the token data from its cache.
+
+    Raises:
+        ValueError: when the rows' log-probs were made with different settings (two runs concatenated; see
+            :func:`~.convention.split_by_logprob_settings`), before any work.
     """
     unknown = sorted(set(filter_options) - {f.name for f in fields(RolloutFilter)})
     if unknown:
@@ -153,9 +166,16 @@ def prepare_rollouts(
     opts = RolloutFilter(**filter_options)
     ds = load_dataset_source(source, split)
     require_columns(ds)
+    convention = dataset_logprob_convention(ds) or read_logprob_convention(source)
     scalars = ds.select_columns(["final_rewards", "statuses"]).to_dict()
     report, kept_groups = filter_report(scalars["final_rewards"], scalars["statuses"], opts)
     kept = ds.select(kept_groups) if len(kept_groups) != len(ds) else ds
+    with _progress_bars(progress):
+        out = _prepare(kept, flatten, batch_size, opts, kept_groups)
+    return PreparedRollouts(out, report, convention)
+
+
+def _prepare(kept: Dataset, flatten: bool, batch_size: int, opts: RolloutFilter, kept_groups: list[int]) -> Dataset:
     if flatten:
         out = kept.map(
             _flatten_batch,
@@ -184,7 +204,22 @@ def prepare_rollouts(
             fn_kwargs={"opts": opts},
             desc="filter rollouts",
         )
-    return PreparedRollouts(out, report, read_logprob_convention(source))
+    return out
+
+
+@contextlib.contextmanager
+def _progress_bars(show: bool):
+    """``datasets``' progress bars off for the block when ``show`` is False (and as they were after it)."""
+    from datasets.utils import disable_progress_bars, enable_progress_bars, is_progress_bar_enabled
+
+    was = is_progress_bar_enabled()
+    if not show and was:
+        disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not show and was:
+            enable_progress_bars()
 
 
 def load_rollouts(source: str | Path | Dataset | DatasetDict, **options: Any) -> Dataset:

@@ -7,15 +7,38 @@ import inspect
 import torch
 
 from .convention import check_logprob_convention
+from .convention import recorded_temperature as recorded_of
+
+
+def batch_logprobs(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    temperature: float | None = None,
+    *,
+    share_prefix: bool = False,
+) -> torch.Tensor:
+    """:func:`token_logprobs` of a :class:`~.collate.RolloutCollator` batch: its ``input_ids``, ``attention_mask``
+    and ``loss_mask`` (the head runs from the first loss token on), at the temperature its rows recorded
+    (``logprob_temperature``) unless ``temperature`` is given, which must then agree with it."""
+    return token_logprobs(
+        model,
+        batch["input_ids"],
+        batch["attention_mask"],
+        temperature,
+        recorded_temperature=batch.get("logprob_temperature"),
+        loss_mask=batch.get("loss_mask"),
+        share_prefix=share_prefix,
+    )
 
 
 def token_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
-    temperature: float = 1.0,
+    temperature: float | None = None,
     *,
     convention: dict | None = None,
+    recorded_temperature: torch.Tensor | None = None,
     loss_mask: torch.Tensor | None = None,
     share_prefix: bool = False,
 ) -> torch.Tensor:
@@ -29,9 +52,11 @@ def token_logprobs(
     means unscaled logits, as in the agent. Differentiable; call it under
     ``torch.no_grad()`` for reference log-probs.
 
-    ``convention``: the stored log-probs' convention (``PreparedRollouts.logprob_convention``);
-    a ``temperature`` that does not match it raises ``ValueError``
-    (:func:`~.convention.check_logprob_convention`).
+    ``temperature``: ``None`` (default) recomputes at the temperature the stored log-probs were made at, read from
+    ``recorded_temperature`` (the collator's ``logprob_temperature`` ``[batch]`` tensor) or ``convention``
+    (``PreparedRollouts.logprob_convention``), and at 1.0 when neither records one. A ``temperature`` that does not
+    match the record raises ``ValueError`` saying how to fix it (:func:`~.convention.check_logprob_convention`), and
+    so does a batch whose rows recorded two temperatures.
 
     ``loss_mask`` (same shape as ``input_ids``): only the positions from the batch's first loss token on are scored,
     and the language-model head runs on those positions only (the model's ``logits_to_keep`` argument, which
@@ -45,9 +70,12 @@ def token_logprobs(
     and gradients are those of the full pass up to float rounding (tested); the work on the shared part is one row's
     instead of the batch's. Needs a model that takes ``past_key_values`` (transformers' causal LMs).
     """
+    recorded = recorded_of(convention, recorded_temperature)
+    if temperature is None:
+        temperature = 1.0 if recorded is None else recorded
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}.")
-    check_logprob_convention(convention, temperature)
+    check_logprob_convention(None if recorded is None else {**(convention or {}), "temperature": recorded}, temperature)
     device = model_device(model)
     input_ids = input_ids.to(device)
     attention_mask = None if attention_mask is None else attention_mask.to(device)

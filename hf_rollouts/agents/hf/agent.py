@@ -344,6 +344,11 @@ class TransformersAgent(Agent):
     def describe(self) -> dict[str, Any]:
         return {"model": self.name, **self._settings(), "device": str(self.device)}
 
+    def logprob_convention(self) -> dict[str, Any]:
+        """``log_softmax(logits / T)`` at the sampling temperature (1 for greedy): see the module docstring."""
+        t = self.sampling.temperature
+        return {"kind": "processed", "temperature": t if t > 0 else 1.0}
+
     @property
     def _context_limit(self) -> int | None:
         return getattr(self.model.config, "max_position_embeddings", None)

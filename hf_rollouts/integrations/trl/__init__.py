@@ -1,6 +1,8 @@
 """Train any hf_rollouts environment with TRL's ``GRPOTrainer`` (``rollout_func=...``), trl >= 1.16.
 
-The short version (docs/guides/training.md, "Training with TRL", has the full one)::
+In one call, :func:`build_grpo_trainer` (``trainer, rollout_func = build_grpo_trainer(model, tokenizer,
+env.get_train_dataset(256), learning_rate=3e-5)``). The short version by hand (docs/guides/training.md, "Training
+with TRL", has the full one)::
 
     from trl import GRPOConfig, GRPOTrainer
     from hf_rollouts.integrations.trl import env_reward, make_rollout_func, to_trl_dataset
@@ -13,7 +15,8 @@ The short version (docs/guides/training.md, "Training with TRL", has the full on
     trainer.train()
 
 Modules: :mod:`.dataset` (the ``prompt`` column), :mod:`.agents` (the samplers and the generation
-context), :mod:`.rollout` (the rollout function and the reward). ``trl`` itself is imported only
+context), :mod:`.rollout` (the rollout function and the reward), :mod:`.trainer` (the one-call
+trainer). ``trl`` itself is imported only
 inside the functions that need it, so importing this package does not need trl.
 
 How it fits TRL (facts read from trl 1.16's ``grpo_trainer.py``):
@@ -26,8 +29,9 @@ How it fits TRL (facts read from trl 1.16's ``grpo_trainer.py``):
   ``prompt_ids`` (the episode's first prompt), ``completion_ids`` (everything after it, agent and
   env tokens), ``logprobs`` (``log_softmax(logits / args.temperature)`` of each agent token, 0 on
   env tokens: the quantity TRL recomputes), ``env_mask`` (1 on agent tokens, which alone get
-  loss), and the fields ``env_final_reward``, ``env_status``, ``env_error``, ``env_num_turns`` and
-  ``env_messages`` and ``env_session_id``, which TRL passes to reward functions as keyword arguments.
+  loss), and the fields ``env_final_reward``, ``env_status``, ``env_error``, ``env_num_turns``,
+  ``env_messages``, ``env_info`` (the ``infos`` column's JSON text) and ``env_session_id``, which TRL passes to
+  reward functions as keyword arguments.
 * A turn ends at the first of: the tokenizer's eos, the chat template's end token, or any id of the
   model's ``generation_config.eos_token_id`` (Llama-3.1 lists ``<|eom_id|>`` there), the union TRL
   itself stops on (plus the template's end token).
@@ -82,6 +86,7 @@ from .rollout import (
     make_rollout_func,
     shuffled_env_reward,
 )
+from .trainer import build_grpo_trainer
 
 __all__ = [
     "EXTRA_FIELDS",
@@ -91,6 +96,7 @@ __all__ = [
     "TRLSampling",
     "TrainerPolicyAgent",
     "VLLMServerAgent",
+    "build_grpo_trainer",
     "env_reward",
     "episode_to_trl_row",
     "generation_mode",

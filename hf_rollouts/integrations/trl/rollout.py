@@ -18,8 +18,18 @@ from ...types import Episode
 from .agents import TrainerPolicyAgent, TRLSampling, VLLMServerAgent, generation_mode, stop_token_ids, vllm_client
 from .dataset import task_from_prompt
 
-EXTRA_FIELDS = ("env_final_reward", "env_status", "env_error", "env_num_turns", "env_messages", "env_session_id")
-"""Per-row fields the rollout function returns besides TRL's; reward functions get them as kwargs."""
+EXTRA_FIELDS = (
+    "env_final_reward",
+    "env_status",
+    "env_error",
+    "env_num_turns",
+    "env_messages",
+    "env_info",
+    "env_session_id",
+)
+"""Per-row fields the rollout function returns besides TRL's; reward functions get them as kwargs. ``env_info`` is
+the stored ``infos`` value: the env's ``info`` of the last turn as JSON text, or ``None``
+(:attr:`hf_rollouts.types.Episode.info_json`)."""
 
 
 @dataclass
@@ -74,12 +84,13 @@ class RolloutFunc:
 
     ``calls`` counts calls; ``last_episodes`` holds the last call's unpadded episode dicts (one per
     prompt, in order; :meth:`~hf_rollouts.types.Episode.to_dict`) and ``last_agent`` the agent that played them, for
-    inspection.
+    inspection. ``tool_rates`` holds, per call, the share of its non-error episodes that called a tool.
     """
 
     def __init__(self, options: TRLRolloutOptions) -> None:
         self.options = options
         self.calls = 0
+        self.tool_rates: list[float] = []
         self.last_episodes: list[dict[str, Any]] = []
         self.last_agent: Agent | None = None
         self._envs: dict[tuple[int, str, str], MultistepEnv] = {}
@@ -105,6 +116,8 @@ class RolloutFunc:
                 groups = play_groups(prompt_groups(played), self.last_agent, **self._run_kw)
         episodes = [episode for group in groups for episode in group.episodes]
         self.last_episodes = [episode.to_dict() for episode in episodes]
+        ok = [e for e in episodes if e.status != "error"]
+        self.tool_rates.append(sum(1 for e in ok if e.num_tool_calls) / max(1, len(ok)))
         pad = tokenizer.pad_token_id
         rows = [
             {**episode_to_trl_row(ep, pad), "env_session_id": job.session_id}
@@ -161,6 +174,7 @@ def episode_to_trl_row(episode: Episode, pad_id: int) -> dict[str, Any]:
         "env_error": episode.error,
         "env_num_turns": int(episode.num_turns),
         "env_messages": episode.messages,
+        "env_info": episode.info_json,
     }
 
 

@@ -5,7 +5,8 @@ A task a small instruct model can partly do, so that RL has something to sharpen
 * :class:`ArithmeticEnv` (``arithmetic``): "What is 3 + 4?" in one of a few phrasings, one turn. Reward 1.0 when
   the **last integer** of the reply is the answer, else 0.0: "7", "3 + 4 = 7" and "The answer is 7." all win; a
   reply cut by the token budget before its answer loses. SmolLM2-135M-Instruct knows one-digit sums but mostly
-  explains instead of answering, so with a 12-token budget it wins about a fifth of the time.
+  explains instead of answering: with a 12-token budget at temperature 0.7 it wins 49 of the 160 held-out tasks,
+  0.306 [0.240, 0.382] (measured, docs/guides/training.md).
 * :class:`CalculatorEnv` (``calculator``): the same question with three-digit operands (beyond a 135M model's
   arithmetic) and a tool ``calculator(expression)`` that evaluates ``"A op B"``; two turns (the tool call and the
   answer; a tool turn counts as a turn). The reply that calls no tool is the answer and ends the episode.

@@ -1,0 +1,322 @@
+"""The pieces of a training loop: collect a round of rollouts, one GRPO update over them, an SFT warm start.
+
+A GRPO round with these pieces (docs/guides/training.md runs it)::
+
+    rollouts = collect_rollouts(tasks, agent, 8, seed=round_seed)          # fresh samples, never a cache replay
+    prepared = prepare_rollouts(rollouts, flatten=True, drop_constant_groups=True, progress=False)
+    metrics = grpo_update(agent.model, optimizer, prepared, pad_token_id=tokenizer.pad_token_id, seed=round_seed)
+
+``agent.model`` *is* the policy: the update changes its weights in place, so the next :func:`collect_rollouts`
+samples from the updated policy (and the agent's fingerprint, which holds a probe of the weights, moves with it).
+Modes: :func:`collect_rollouts` puts the model in ``eval()`` (no dropout while sampling); :func:`grpo_update` and
+:func:`sft_update` put it in ``train()`` for their steps and leave it in ``eval()``, ready to sample again.
+
+Held-out success with an interval is :func:`hf_rollouts.evaluation.evaluate_agent`.
+
+Several processes (``accelerate launch`` / ``torchrun``): pass the ``Accelerator`` and the model and optimizer it
+prepared. Every process prepares the same rollouts; each minibatch (the same rows as in one process) is split
+across the processes, each takes its share of the rows, and the loss is scaled by the minibatch's token count so
+the averaged gradient is the one-process gradient (tested against one process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset
+
+from ..distributed import process_state
+from ..pipeline import generate_rollouts
+from .collate import RolloutCollator
+from .data import PreparedRollouts
+from .loss import batch_logprobs, grpo_loss, model_device, token_logprobs
+
+
+def collect_rollouts(
+    tasks: Dataset, agent: Any, num_rollouts: int, *, seed: int, cache_dir: str | Path | None = None, **options: Any
+) -> Dataset:
+    """One round of rollouts of the agent as it is now: :func:`~hf_rollouts.pipeline.generate_rollouts` that never
+    reads a cache (``load_from_cache_file=False``: a training loop must never replay an earlier round), with no
+    progress bar, and the agent's ``model`` (if any) in ``eval()`` mode.
+
+    ``cache_dir``: where the shard files go; by default a temporary directory removed when the returned dataset is
+    garbage collected. Give each round its own ``seed`` (``derive_seed("my_run", seed, round)``). ``options`` go to
+    ``generate_rollouts``.
+    """
+    model = getattr(agent, "model", None)
+    if isinstance(model, torch.nn.Module):
+        model.eval()
+    scratch = None
+    if cache_dir is None:
+        scratch = cache_dir = _shared_scratch()
+    options.setdefault("progress", False)
+    rollouts = generate_rollouts(
+        tasks, agent, num_rollouts, seed=seed, cache_dir=cache_dir, load_from_cache_file=False, **options
+    )
+    if scratch is not None and process_state().is_main_process:
+        weakref.finalize(rollouts, shutil.rmtree, scratch, True)
+    return rollouts
+
+
+def _shared_scratch() -> str | None:
+    """A new temporary directory, the main process's in every process of a distributed run (the processes executor
+    reads the other processes' shard files there)."""
+    state = process_state()
+    path = tempfile.mkdtemp(prefix="hf_rollouts_round_") if state.is_main_process else None
+    if state.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        path = broadcast_object_list([path])[0]
+    return path
+
+
+@dataclass(frozen=True)
+class UpdateConfig:
+    """How :func:`grpo_update` steps over one round's rollouts."""
+
+    minibatch_size: int = field(default=16, metadata={"help": "Rollouts per optimizer step (over all processes)."})
+    epochs: int = field(default=1, metadata={"help": "Passes over the round's rollouts."})
+    clip_eps: float = field(default=0.2, metadata={"help": "PPO ratio clip."})
+    kl_coef: float = field(default=0.0, metadata={"help": "KL penalty against ref_model (0: none)."})
+    max_grad_norm: float | None = field(default=1.0, metadata={"help": "Gradient clipping norm (None: no clip)."})
+    share_prefix: bool = field(default=False, metadata={"help": "token_logprobs' share_prefix."})
+
+    def __post_init__(self) -> None:
+        if self.minibatch_size < 1 or self.epochs < 1:
+            raise ValueError(f"minibatch_size and epochs must be >= 1, got {self.minibatch_size}, {self.epochs}.")
+
+
+@dataclass(frozen=True)
+class UpdateMetrics:
+    """What :func:`grpo_update` did: ``steps`` optimizer steps over ``rollouts`` rows; ``loss``, ``clip_fraction``,
+    ``approx_kl`` (k3 vs the sampling policy), ``kl`` (vs the reference, 0 without) and ``grad_norm`` (before
+    clipping) are means over the steps (each step's over its whole minibatch, every process's share), NaN when there
+    was no step."""
+
+    steps: int = 0
+    rollouts: int = 0
+    loss: float = math.nan
+    clip_fraction: float = math.nan
+    approx_kl: float = math.nan
+    kl: float = math.nan
+    grad_norm: float = math.nan
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def _rows(dataset: Any, indices: list[int]) -> list[dict[str, Any]]:
+    getitems = getattr(dataset, "__getitems__", None)  # what a DataLoader calls: one read for the batch
+    return getitems(indices) if getitems is not None else [dataset[i] for i in indices]
+
+
+def _minibatches(n: int, size: int, generator: torch.Generator) -> list[list[int]]:
+    """One epoch's minibatches: ``torch.randperm(n, generator)`` cut into ``size`` rows, drawn as a shuffling
+    ``DataLoader(generator=...)`` draws them (a base seed first, a second ``randperm`` for its remainder after), so a
+    loop written with one gets the same order."""
+    torch.empty((), dtype=torch.int64).random_(generator=generator)
+    order = torch.randperm(n, generator=generator).tolist()
+    torch.randperm(n, generator=generator)
+    return [order[i : i + size] for i in range(0, n, size)]
+
+
+def _shard(batch: dict[str, torch.Tensor], rank: int, world: int) -> tuple[dict[str, torch.Tensor], bool]:
+    """This process's rows of a collated minibatch (every ``world``-th from ``rank``), trimmed to their width; a
+    process left without a row gets the first row with a zero weight (``False``), so every process runs backward."""
+    rows = list(range(rank, batch["input_ids"].shape[0], world))
+    real = bool(rows)
+    rows = rows or [0]
+    out = {k: v[rows] for k, v in batch.items()}
+    width = max(1, int(out["attention_mask"].sum(dim=1).max()))
+    return {k: v[:, :width] if v.dim() == 2 else v for k, v in out.items()}, real
+
+
+def _trainable(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def grpo_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    rollouts: PreparedRollouts | Dataset,
+    *,
+    pad_token_id: int,
+    config: UpdateConfig | None = None,
+    seed: int = 0,
+    temperature: float | None = None,
+    ref_model: torch.nn.Module | None = None,
+    accelerator: Any = None,
+) -> UpdateMetrics:
+    """One GRPO update over a round's prepared rollouts: ``config.epochs`` passes of shuffled minibatches of
+    ``config.minibatch_size`` rows, each a clipped policy-gradient step (:func:`~.loss.grpo_loss`, KL against
+    ``ref_model`` when ``config.kl_coef > 0``) with the gradient clipped to ``config.max_grad_norm``.
+
+    ``rollouts``: ``prepare_rollouts(..., flatten=True)`` or its ``.dataset`` (rows with an ``advantage``; an empty
+    one takes no step). Log-probs are recomputed at the temperature the rows recorded (``temperature`` must agree when
+    given). The minibatch order is ``torch.randperm`` with a generator seeded by ``seed``. The optimizer steps the
+    parameters in its param groups. With ``accelerator`` (several processes): ``model`` and ``optimizer`` are the
+    ones it prepared, and each minibatch is split across processes (module docstring). The model is in ``train()``
+    during the steps and ``eval()`` after. Returns :class:`UpdateMetrics`.
+    """
+    config = config or UpdateConfig()
+    dataset = rollouts.dataset if isinstance(rollouts, PreparedRollouts) else rollouts
+    if config.kl_coef > 0 and ref_model is None:
+        raise ValueError("grpo_update with kl_coef > 0 needs ref_model (a frozen copy of the starting policy).")
+    collate = RolloutCollator(pad_token_id)
+    params = _trainable(optimizer)
+    world = accelerator.num_processes if accelerator is not None else 1
+    rank = accelerator.process_index if accelerator is not None else 0
+    generator = torch.Generator().manual_seed(seed)
+    device = model_device(model)
+    logs: dict[str, list[float]] = {"loss": [], "clip_fraction": [], "approx_kl_old": [], "kl": [], "grad_norm": []}
+    model.train()
+    try:
+        for _ in range(config.epochs if len(dataset) else 0):
+            for indices in _minibatches(len(dataset), config.minibatch_size, generator):
+                batch = collate(_rows(dataset, indices))
+                total_tokens = float(batch["loss_mask"].sum())
+                real = True
+                if world > 1:
+                    batch, real = _shard(batch, rank, world)
+                batch = {k: v.to(device) for k, v in batch.items()}
+                logprobs = batch_logprobs(model, batch, temperature, share_prefix=config.share_prefix)
+                ref = None
+                if config.kl_coef > 0:
+                    with torch.no_grad():
+                        ref = batch_logprobs(ref_model, batch, temperature, share_prefix=config.share_prefix)
+                loss, metrics = grpo_loss(
+                    logprobs,
+                    batch["old_logprobs"],
+                    batch["advantages"],
+                    batch["loss_mask"],
+                    clip_eps=config.clip_eps,
+                    kl_coef=config.kl_coef,
+                    ref_logprobs=ref,
+                )
+                if world > 1:  # token mean over the whole minibatch once the processes' gradients are averaged
+                    loss = loss * (metrics["num_tokens"] * world / max(total_tokens, 1.0) if real else 0.0)
+                (accelerator.backward(loss) if accelerator is not None else loss.backward())
+                norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
+                clip = accelerator.clip_grad_norm_ if accelerator is not None else torch.nn.utils.clip_grad_norm_
+                logs["grad_norm"].append(float(clip(params, norm)))
+                optimizer.step()
+                optimizer.zero_grad()
+                keys = ("loss", "clip_fraction", "approx_kl_old", "kl")
+                if world > 1:  # the minibatch's token means, over every process's share
+                    n = metrics["num_tokens"] if real else 0
+                    sums = torch.tensor([metrics[k] * n for k in keys] + [n], dtype=torch.float64, device=device)
+                    sums = accelerator.reduce(sums, "sum").tolist()
+                    metrics = {k: v / max(sums[-1], 1.0) for k, v in zip(keys, sums)}
+                for key in keys:
+                    logs[key].append(metrics[key])
+    finally:
+        model.eval()
+    return UpdateMetrics(
+        steps=len(logs["loss"]),
+        rollouts=len(dataset),
+        loss=_mean(logs["loss"]),
+        clip_fraction=_mean(logs["clip_fraction"]),
+        approx_kl=_mean(logs["approx_kl_old"]),
+        kl=_mean(logs["kl"]),
+        grad_norm=_mean(logs["grad_norm"]),
+    )
+
+
+def sft_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    demonstrations: PreparedRollouts | Dataset,
+    *,
+    pad_token_id: int,
+    steps: int,
+    batch_size: int = 32,
+    seed: int = 0,
+    max_grad_norm: float | None = 1.0,
+    share_prefix: bool = True,
+) -> list[float]:
+    """A warm start by imitation: ``steps`` optimizer steps of token-mean cross-entropy on the *agent tokens* of
+    flattened demonstration rollouts (``prepare_rollouts(..., flatten=True)``, any agent, with or without log-probs;
+    prompts, env and tool tokens are never in the loss). Batches of ``batch_size`` rows in ``torch.randperm`` order
+    (a generator seeded by ``seed``; a new order each pass), as many passes as ``steps`` needs. Pass the same
+    ``optimizer`` to continue. The model is in ``train()`` during the steps and ``eval()`` after. Returns the
+    losses."""
+    dataset = demonstrations.dataset if isinstance(demonstrations, PreparedRollouts) else demonstrations
+    if steps > 0 and not len(dataset):
+        raise ValueError("sft_update got no demonstration rows; prepare them with prepare_rollouts(flatten=True).")
+    collate = RolloutCollator(pad_token_id)
+    params = _trainable(optimizer)
+    generator = torch.Generator().manual_seed(seed)
+    device = model_device(model)
+    losses: list[float] = []
+    model.train()
+    try:
+        while len(losses) < steps:
+            for indices in _minibatches(len(dataset), batch_size, generator):
+                batch = collate(_rows(dataset, indices))
+                mask = batch["agent_mask"].to(device)
+                logprobs = token_logprobs(  # the likelihood at temperature 1, whatever sampled the demonstrations
+                    model, batch["input_ids"], batch["attention_mask"], 1.0, loss_mask=mask, share_prefix=share_prefix
+                )
+                loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm is not None else math.inf)
+                optimizer.step()
+                optimizer.zero_grad()
+                losses.append(float(loss.detach()))
+                if len(losses) == steps:
+                    break
+    finally:
+        model.eval()
+    return losses
+
+
+def task_splits(
+    tokenizer: Any,
+    *,
+    env: str | None = None,
+    env_config: dict[str, Any] | None = None,
+    tasks: str | Path | Dataset | None = None,
+    eval_tasks: str | Path | Dataset | None = None,
+    num_train: int = 0,
+    num_eval: int = 0,
+) -> tuple[Dataset | None, Dataset | None]:
+    """``(train rows, held-out rows)`` of a training run. Train rows: ``tasks`` (a task-row dataset or file,
+    :func:`hf_rollouts.sources.load_tasks`) or ``num_train`` rows of ``env``'s train split (``None`` for 0). Held-out
+    rows: the first ``num_eval`` of ``eval_tasks`` or of ``env``'s eval split (``None`` for 0). ``env`` (a registered
+    name or class path, built with ``env_config``) is needed only for what the files do not give."""
+    from ..envs import get_env_class
+    from ..sources import load_tasks
+
+    built = None
+    if (tasks is None and num_train) or (eval_tasks is None and num_eval):
+        if env is None:
+            raise ValueError("task_splits needs env= (a registered env name) or task rows (tasks=, eval_tasks=).")
+        built = get_env_class(env)(tokenizer, env_config or {})
+    train = load_tasks(tasks) if tasks is not None else built.get_train_dataset(num_train) if num_train else None
+    held = None
+    if num_eval:
+        held = load_tasks(eval_tasks) if eval_tasks is not None else built.get_eval_dataset(num_eval)
+        held = held.select(range(min(num_eval, len(held))))
+    return train, held
+
+
+@contextlib.contextmanager
+def flush_denormals(enabled: bool = True) -> Iterator[None]:
+    """Flush float32 denormals to zero in the block (``torch.set_flush_denormal``, a process-wide switch turned off
+    again after): small random-weight models hit denormals and run 10-20x slower on x86 CPUs without it."""
+    flushing = enabled and torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        if flushing:
+            torch.set_flush_denormal(False)
