@@ -75,6 +75,9 @@ def test_mbpp_rows_from_a_file_through_the_cli_to_rollouts_with_reasons(tmp_path
     assert out["task_id"] == [11, 17]
     assert all(s == ["done", "done"] for s in out["statuses"]) and all(r == [0.0, 0.0] for r in out["final_rewards"])
     assert all(s == [False, False] for s in out["solved"])
+    for infos in out["infos"]:  # the verifier's verdict on each rollout's last try
+        for info in map(json.loads, infos):
+            assert info["reason"] == "code: no code: the reply has no code block to run" and info["try"] == 2
     for conversations in out["conversations"]:  # the tiny model writes no code: the reason comes back as feedback
         for messages in conversations:
             feedback = [m["content"] for m in messages if m["role"] == "user"][1]
