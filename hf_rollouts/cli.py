@@ -120,7 +120,7 @@ def tasks_parser() -> HfArgumentParser:
 
 def _dataset_tasks(args):
     """``tasks --from-dataset``: the source's rows as task rows of the dataset env, every row checked first."""
-    from .envs.dataset import load_source, to_task_rows
+    from .envs.dataset import answer_column_option, load_source, to_task_rows
 
     config = _json_dict(args.env_config, "--env-config")
     if args.verifier:
@@ -133,16 +133,16 @@ def _dataset_tasks(args):
         config["extraction"] = args.extraction
     try:
         ds = load_source(args.from_dataset, args.split, args.dataset_config)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, ConnectionError) as exc:  # ConnectionError: a Hub id, offline
         raise UsageError(f"--from-dataset {args.from_dataset}: {exc}") from exc
     if args.num_tasks is not None:
         ds = ds.select(range(min(args.num_tasks, len(ds))))
     prompt_column = None if args.prompt_template else args.prompt_column
-    options = dict(prompt_column=prompt_column, answer_column=args.answer_column, prompt_template=args.prompt_template)
+    answer_column = answer_column_option(args.answer_column, args.tests_column)
+    options = dict(prompt_column=prompt_column, answer_column=answer_column, prompt_template=args.prompt_template)
+    options.update(answer_extraction=args.answer_extraction, tests_column=args.tests_column, columns=args.column)
     try:
-        return to_task_rows(
-            ds, **options, answer_extraction=args.answer_extraction, columns=args.column, env_config=config
-        )
+        return to_task_rows(ds, **options, env_config=config)
     except ValueError as exc:  # a bad option (extraction, template); bad rows are TaskValidationErrors
         if isinstance(exc, user_errors()):
             raise

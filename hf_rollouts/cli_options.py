@@ -43,11 +43,23 @@ class TasksArgs:
         metadata={"help": "--from-dataset: build the prompt from columns instead, e.g. 'Solve: {question}'."},
     )
     answer_column: str | None = field(
-        default="answer", metadata={"help": "--from-dataset: the column holding the reference answer."}
+        default=None,
+        metadata={
+            "help": "--from-dataset: the column holding the reference answer; unset: 'answer' (with --tests-column: "
+            "none). 'none': no answer column (a verifier that reads other columns, see --column)."
+        },
     )
     answer_extraction: str | None = field(
         default=None,
         metadata={"help": "--from-dataset: take the answer out of that column first, e.g. 'gsm8k' ('... #### 42')."},
+    )
+    tests_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "--from-dataset: a code task's tests (Python source such as HumanEval's check(candidate), or a "
+            "list of asserts such as MBPP's test_list), run in a sandbox on the reply's code; --verifier and "
+            "--extraction then default to code. HumanEval-style rows: add --column entry_point."
+        },
     )
     column: list[str] = field(
         default_factory=list,

@@ -2,8 +2,8 @@
 :func:`to_task_rows` (a dataset's columns -> task rows, for ``Dataset.map``)."""
 
 from .env import DEFAULT_FEEDBACK, DatasetConfig, DatasetEnv, DatasetEpisode, prompt_parts
-from .humaneval import CODE_ENV_CONFIG, humaneval_problems, humaneval_tasks
-from .rows import TaskRows, load_source, to_task_rows
+from .humaneval import humaneval_problems, humaneval_tasks
+from .rows import CODE_ENV_CONFIG, TaskRows, answer_column_option, load_source, to_task_rows
 
 __all__ = [
     "CODE_ENV_CONFIG",
@@ -12,6 +12,7 @@ __all__ = [
     "DatasetEnv",
     "DatasetEpisode",
     "TaskRows",
+    "answer_column_option",
     "humaneval_problems",
     "humaneval_tasks",
     "load_source",

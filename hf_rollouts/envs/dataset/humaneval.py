@@ -18,16 +18,13 @@ from typing import Any
 
 from datasets import Dataset
 
-from .rows import to_task_rows
+from .rows import CODE_ENV_CONFIG, to_task_rows
 
 INSTRUCTION = (
     "Complete the following Python function. Reply with the complete function (its imports included) in one "
     "```python code block.\n\n```python\n{code_prefix}```"
 )
 """The user message of every row: a ``str.format`` template over HumanEval's columns (``code_prefix``: its prompt)."""
-
-CODE_ENV_CONFIG: dict[str, Any] = {"verifier": "code", "extraction": "code"}
-"""The env_config of the rows: the ``code`` verifier over the reply's last fenced code block."""
 
 
 def humaneval_path() -> Path:
@@ -71,4 +68,4 @@ def humaneval_tasks(
     )
 
 
-__all__ = ["CODE_ENV_CONFIG", "INSTRUCTION", "humaneval_path", "humaneval_problems", "humaneval_tasks"]
+__all__ = ["INSTRUCTION", "humaneval_path", "humaneval_problems", "humaneval_tasks"]

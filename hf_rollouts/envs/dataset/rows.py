@@ -31,6 +31,10 @@ from ..config import EnvConfigError
 from ..public_names import public_class_path
 from .env import DatasetEnv, prompt_parts
 
+CODE_ENV_CONFIG: dict[str, Any] = {"verifier": "code", "extraction": "code"}
+"""The ``env_config`` of code task rows (HumanEval's, and the default of rows with a ``tests_column``; a key of your
+``env_config`` wins): the ``code`` verifier over the reply's last fenced code block."""
+
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
 
 
@@ -46,8 +50,12 @@ class TaskRows:
     * ``prompt_column``: the question (a string, or chat messages); or ``prompt_template``, a ``str.format`` template
       over the row's columns (``"Solve: {question}"``), rendered into ``task_data["prompt"]``;
     * ``answer_column``: copied to ``task_data["answer"]`` (what the verifiers read by default); ``None``: no answer
-      (a verifier that reads other columns); ``answer_extraction`` takes the answer out of a longer value first
-      (``"gsm8k"``: ``"... #### 42"`` -> ``"42"``; any of :data:`~hf_rollouts.verify.EXTRACTIONS`);
+      (a verifier that reads other columns, code tests); ``answer_extraction`` takes the answer out of a longer value
+      first (``"gsm8k"``: ``"... #### 42"`` -> ``"42"``; any of :data:`~hf_rollouts.verify.EXTRACTIONS`);
+    * ``tests_column``: a code task's tests (Python source such as HumanEval's ``def check(candidate)``, or a list of
+      statements such as MBPP's ``assert`` list), copied to ``task_data["test"]`` (what the ``code`` verifier reads);
+      with it, ``env_config``'s ``verifier`` and ``extraction`` default to ``"code"`` (:data:`CODE_ENV_CONFIG`). Give
+      ``answer_column=None`` beside it when the dataset has no answer column;
     * ``columns``: more columns copied into ``task_data`` under their names (tests, a ``solution`` a TRL reward
       function reads);
     * ``env_config``: the env's config of every row (``verifier``, ``extraction``, ``system_prompt``, ``max_turns``).
@@ -58,6 +66,7 @@ class TaskRows:
     answer_column: str | None = "answer"
     prompt_template: str | None = None
     answer_extraction: str | None = None
+    tests_column: str | None = None
     columns: Sequence[str] = ()
     env_config: Mapping[str, Any] = field(default_factory=dict)
 
@@ -66,17 +75,20 @@ class TaskRows:
             raise ValueError("give exactly one of prompt_column and prompt_template.")
         if self.answer_extraction is not None:
             check_extraction(self.answer_extraction)
+        if self.tests_column is not None and self.tests_column == self.answer_column:
+            raise ValueError(f"column {self.tests_column!r} is given as both the answer and the tests column.")
         try:
             DatasetEnv.parse_config(dict(self.env_config))
         except EnvConfigError as exc:
             raise EnvConfigError(exc.key, f"env_config of DatasetEnv, key {exc.key!r}: {exc}") from exc
         object.__setattr__(self, "columns", tuple(self.columns))
-        object.__setattr__(self, "env_config", dict(self.env_config))
+        defaults = CODE_ENV_CONFIG if self.tests_column is not None else {}
+        object.__setattr__(self, "env_config", {**defaults, **self.env_config})
 
     def needed_columns(self) -> list[str]:
         """The dataset columns these rows read."""
         template = [f.split(".")[0].split("[")[0] for _, f, _, _ in Formatter().parse(self.prompt_template or "") if f]
-        named = [self.prompt_column, *template, self.answer_column, *self.columns]
+        named = [self.prompt_column, *template, self.answer_column, self.tests_column, *self.columns]
         return list(dict.fromkeys(c for c in named if c is not None))
 
     @staticmethod
@@ -116,6 +128,8 @@ class TaskRows:
                         f"answer in {row[self.answer_column]!r:.80}."
                     )
             task["answer"] = answer
+        if self.tests_column is not None:
+            task["test"] = row[self.tests_column]
         return {"env_class_path": public_class_path(DatasetEnv), "env_config": dict(self.env_config), "task_data": task}
 
 
@@ -129,9 +143,16 @@ def to_task_rows(dataset: Dataset, **options: Any) -> Dataset:
     rows = TaskRows(**options)
     missing = [c for c in rows.needed_columns() if c not in dataset.column_names]
     if missing:
+        hint = (
+            " No reference answer (code tests, a verifier that reads other columns)? answer_column=None (CLI: "
+            "--answer-column none; --tests-column COLUMN for a code task's tests)."
+            if rows.answer_column in missing
+            else ""
+        )
         raise TaskValidationError(
             f"the dataset has no column(s) {missing}; it has {dataset.column_names}. Name the columns that hold the "
             "prompt and the answer (prompt_column=..., answer_column=...; CLI: --prompt-column, --answer-column)."
+            + hint
         )
     rubric = Rubric.from_specs(rows.env_config.get("verifier", "exact"))
     for i, row in enumerate(dataset.select_columns(rows.needed_columns()) if len(dataset) else []):
@@ -139,15 +160,24 @@ def to_task_rows(dataset: Dataset, **options: Any) -> Dataset:
         try:
             rubric.check_task(task)
         except TaskFieldError as exc:
-            column = rows.answer_column if exc.key == "answer" else exc.key
+            column = {"answer": rows.answer_column, "test": rows.tests_column}.get(exc.key) or exc.key
             raise TaskValidationError(f"row {i}, column {column!r}: {exc}") from exc
     return dataset.map(rows, with_indices=True, features=TaskRows.features(dataset), desc="task rows")
+
+
+def answer_column_option(value: str | None, tests_column: str | None = None) -> str | None:
+    """What the CLI's ``--answer-column`` means: unset -> ``"answer"`` (``None`` with ``--tests-column``: a code task
+    has no answer); ``"none"`` or ``""`` -> ``None`` (no answer column: a verifier that reads other columns)."""
+    if value is None:
+        return None if tests_column is not None else "answer"
+    return None if value.strip().lower() in ("", "none") else value
 
 
 def load_source(source: str, split: str = "train", name: str | None = None) -> Dataset:
     """A dataset from what ``--from-dataset`` names: a json / jsonl / csv / parquet / txt file (its rows are split
     ``split``), a ``save_to_disk`` directory, a folder of data files, or a Hub dataset id (``name``: its config,
-    e.g. GSM8K's ``"main"``)."""
+    e.g. GSM8K's ``"main"``). A path that is not there (a data file's suffix, or starting with ``.``, ``/``, ``~``)
+    raises ``FileNotFoundError``, not a Hub look-up."""
     path = Path(source)
     if path.is_file() and path.suffix in FILE_BUILDERS:
         return load_dataset(FILE_BUILDERS[path.suffix], data_files={split: str(path)}, split=split)
@@ -155,8 +185,10 @@ def load_source(source: str, split: str = "train", name: str | None = None) -> D
         return load_dataset_source(source, split)
     if path.is_file():
         raise ValueError(f"{source}: cannot tell its format; give a {sorted(FILE_BUILDERS)} file, or a folder.")
+    if not path.exists() and (path.suffix in FILE_BUILDERS or source.startswith((".", "/", "~"))):
+        raise FileNotFoundError(f"{source}: no such file or folder (from {Path.cwd()}); check the path.")
     loaded = load_dataset(source, name, split=split)
     return loaded[split] if isinstance(loaded, DatasetDict) else loaded
 
 
-__all__ = ["TaskRows", "load_source", "to_task_rows"]
+__all__ = ["CODE_ENV_CONFIG", "TaskRows", "answer_column_option", "load_source", "to_task_rows"]
