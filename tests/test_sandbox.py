@@ -91,6 +91,15 @@ def test_hostile_program_gets_zero_with_its_reason(verifier, name):
         assert not _sandbox_processes(verifier._sandbox)  # noqa: SLF001
 
 
+def test_a_loop_stopped_by_the_cpu_time_limit_is_a_timeout_too():
+    """Which limit stops a busy loop first depends on the machine's load (on a quiet one the CPU-time limit, SIGXCPU,
+    comes before the wall time): both are a time-out with their reason, never a "crash"."""
+    cpu_bound = build_verifier({"name": "code", **FAST, "wall_time": 60.0, "cpu_time": 1})
+    verdict = score(cpu_bound, "while True:\n    pass\n", ["assert True"])
+    assert verdict.reward == 0.0 and verdict.info["status"] == "timeout"
+    assert verdict.reason == "timeout: used more than 1 s of CPU time (killed by SIGXCPU)"
+
+
 def _sandbox_processes(sandbox: Sandbox) -> list[int]:
     """Processes still alive under ``sandbox``'s slot uids (as root) shortly after a run: the pid namespace's
     teardown is the kernel's, a few milliseconds after bwrap exits. (Only this sandbox's uids: other test sessions

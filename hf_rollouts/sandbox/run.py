@@ -71,7 +71,7 @@ class SandboxLimits:
 @dataclass(frozen=True)
 class SandboxResult:
     """One run's outcome. ``status``: ``"passed"``, ``"failed"`` (the tests ran and one failed, or the code raised),
-    ``"timeout"``, ``"output_limit"``, ``"memory"`` (an allocation was refused), ``"crashed"`` (the run ended without
+    ``"timeout"`` (past the wall time, or killed at the CPU-time limit), ``"output_limit"``, ``"memory"`` (an allocation was refused), ``"crashed"`` (the run ended without
     the harness's report: an early exit, a signal, a killed parent). ``reason``: one line, ``None`` when passed."""
 
     status: str
@@ -308,6 +308,9 @@ def _verdict(token: str, output: bytes, returncode: int, over: str | None, limit
         return SandboxResult("timeout", f"timeout: still running after {limits.wall_time:g} s (wall time)", **common)
     if over == "output_limit":
         return SandboxResult("output_limit", f"output limit: printed more than {limits.output_bytes} bytes", **common)
+    if report is None and returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):  # the CPU-time limit: a time-out too
+        reason = f"timeout: used more than {limits.cpu_time:g} s of CPU time (killed by SIGXCPU)"
+        return SandboxResult("timeout", reason, **common)
     if report is None:
         return SandboxResult("crashed", _crash_reason(returncode, text), **common)
     if report.get("passed") is True:
