@@ -132,7 +132,20 @@ class TrainConfig:
         default=None,
         metadata={"help": "The env's env_config as JSON (default for guess_number: from --low, --high, --max-turns)."},
     )
+    tasks: str | None = field(
+        default=None,
+        metadata={
+            "help": "Train on these task rows (a save_to_disk folder or a .json/.jsonl/.parquet file) instead of the "
+            "env's train split; with it --env is not needed."
+        },
+    )
     eval_tasks: int = field(default=0, metadata={"help": "Held-out rows (the env's eval split) to evaluate on; 0: no."})
+    eval_tasks_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Held-out task rows (as --tasks) instead of the env's eval split; --eval-tasks N: the first N."
+        },
+    )
     eval_rollouts: int = field(default=1, metadata={"help": "Episodes per held-out row."})
     eval_every: int = field(default=0, metadata={"help": "Also evaluate every N iterations (0: before and after)."})
     control: str = field(
@@ -246,6 +259,18 @@ def build_env(tokenizer, name: str, env_config: str | None, defaults: dict):
     return get_env_class(name)(tokenizer, config)
 
 
+def load_task_rows(path: str):
+    """Task rows from ``--tasks`` / ``--eval-tasks-path``: a .json/.jsonl file, or what
+    :func:`hf_rollouts.sources.load_dataset_source` reads (a save_to_disk folder, parquet)."""
+    from datasets import load_dataset
+
+    from hf_rollouts.sources import load_dataset_source
+
+    if path.endswith((".json", ".jsonl")):
+        return load_dataset("json", data_files=path, split="train")
+    return load_dataset_source(path)
+
+
 def _train(cfg: TrainConfig, command: str | None) -> list[IterationStats]:
     started, cpu_started = time.perf_counter(), time.process_time()
     accelerator = Accelerator()
@@ -265,9 +290,16 @@ def _train(cfg: TrainConfig, command: str | None) -> list[IterationStats]:
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     train_model, optimizer = accelerator.prepare(model, optimizer)
     toy = {"low": cfg.low, "high": cfg.high, "max_turns": cfg.max_turns} if cfg.env == "guess_number" else {}
-    env = build_env(tokenizer, cfg.env, cfg.env_config, toy)
-    all_tasks = env.get_train_dataset(cfg.tasks_per_iter * cfg.iterations) if cfg.iterations else None
-    eval_tasks = env.get_eval_dataset(cfg.eval_tasks) if cfg.eval_tasks else None
+    env = None if cfg.tasks and cfg.eval_tasks_path else build_env(tokenizer, cfg.env, cfg.env_config, toy)
+    if cfg.tasks:
+        all_tasks = load_task_rows(cfg.tasks)
+    else:
+        all_tasks = env.get_train_dataset(cfg.tasks_per_iter * cfg.iterations) if cfg.iterations else None
+    if cfg.eval_tasks_path:
+        eval_tasks = load_task_rows(cfg.eval_tasks_path)
+        eval_tasks = eval_tasks.select(range(min(cfg.eval_tasks, len(eval_tasks)))) if cfg.eval_tasks else eval_tasks
+    else:
+        eval_tasks = env.get_eval_dataset(cfg.eval_tasks) if cfg.eval_tasks else None
     collator = RolloutCollator(tokenizer.pad_token_id, advantage=cfg.advantage)
 
     def heldout(tag: str) -> dict | None:
@@ -463,7 +495,9 @@ def save_plot(history: list[IterationStats], path: Path, cfg: TrainConfig, base:
     top.set_ylim(-0.02, 1.02)
     top.legend(loc="upper left", fontsize=8)
     env = (
-        f"guess_number low={cfg.low} high={cfg.high} max_turns={cfg.max_turns}"
+        f"tasks {cfg.tasks}"
+        if cfg.tasks
+        else f"guess_number low={cfg.low} high={cfg.high} max_turns={cfg.max_turns}"
         if cfg.env == "guess_number" and not cfg.env_config
         else f"{cfg.env} {cfg.env_config or ''}"
     )

@@ -60,7 +60,20 @@ class TrainConfig:
         default=None,
         metadata={"help": "The env's env_config as JSON (default for guess_number: from --low, --high, --max-turns)."},
     )
+    tasks: str | None = field(
+        default=None,
+        metadata={
+            "help": "Train on these task rows (a save_to_disk folder or a .json/.jsonl/.parquet file) instead of the "
+            "env's train split; with it --env is not needed."
+        },
+    )
     eval_tasks: int = field(default=0, metadata={"help": "Held-out rows (the env's eval split) to evaluate on; 0: no."})
+    eval_tasks_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Held-out task rows (as --tasks) instead of the env's eval split; --eval-tasks N: the first N."
+        },
+    )
     eval_rollouts: int = field(default=1, metadata={"help": "Episodes per held-out row."})
     control: str = field(
         default="none",
@@ -128,9 +141,11 @@ def build(cfg: TrainConfig, model=None, tokenizer=None):
     if model is None:
         model, tokenizer = load_model(cfg)
     on_cpu = not torch.cuda.is_available()
-    env = make_env(cfg, tokenizer)
     generations = -(-cfg.max_steps // cfg.steps_per_generation)
-    tasks = env.get_train_dataset(cfg.tasks_per_step * generations)
+    if cfg.tasks:
+        tasks = load_task_rows(cfg.tasks)
+    else:
+        tasks = make_env(cfg, tokenizer).get_train_dataset(cfg.tasks_per_step * generations)
     episodes = cfg.tasks_per_step * cfg.num_generations
     if episodes % cfg.steps_per_generation:
         raise ValueError(
@@ -173,6 +188,27 @@ def build(cfg: TrainConfig, model=None, tokenizer=None):
     return trainer, rollout_func
 
 
+def load_task_rows(path: str):
+    """Task rows from ``--tasks`` / ``--eval-tasks-path``: a .json/.jsonl file, or what
+    :func:`hf_rollouts.sources.load_dataset_source` reads (a save_to_disk folder, parquet)."""
+    from datasets import load_dataset
+
+    from hf_rollouts.sources import load_dataset_source
+
+    if path.endswith((".json", ".jsonl")):
+        return load_dataset("json", data_files=path, split="train")
+    return load_dataset_source(path)
+
+
+def heldout_tasks(cfg: TrainConfig, tokenizer):
+    """The held-out rows: the first ``--eval-tasks`` of ``--eval-tasks-path`` (all of them without ``--eval-tasks``),
+    else the env's eval split; ``None`` when neither is asked for."""
+    if cfg.eval_tasks_path:
+        rows = load_task_rows(cfg.eval_tasks_path)
+        return rows.select(range(min(cfg.eval_tasks, len(rows)))) if cfg.eval_tasks else rows
+    return make_env(cfg, tokenizer).get_eval_dataset(cfg.eval_tasks) if cfg.eval_tasks else None
+
+
 def make_env(cfg: TrainConfig, tokenizer):
     from hf_rollouts.envs import get_env_class
 
@@ -213,7 +249,7 @@ def train(cfg: TrainConfig, command: str | None = None) -> list[StepRow]:
     evaluations = {}
     try:
         model, tokenizer = load_model(cfg)
-        eval_tasks = make_env(cfg, tokenizer).get_eval_dataset(cfg.eval_tasks) if cfg.eval_tasks else None
+        eval_tasks = heldout_tasks(cfg, tokenizer)
         scratch = Path(cfg.output_dir or tempfile.mkdtemp(prefix="train_trl_")) / "eval_cache"
 
         def heldout(tag: str) -> None:
