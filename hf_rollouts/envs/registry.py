@@ -28,6 +28,7 @@ ENV_REGISTRY: dict[str, str] = {
     "hidden_function": "hf_rollouts.envs.hidden_function.HiddenFunctionEnv",
     "arithmetic": "hf_rollouts.envs.arithmetic.ArithmeticEnv",
     "calculator": "hf_rollouts.envs.arithmetic.CalculatorEnv",
+    "dataset": "hf_rollouts.envs.dataset.DatasetEnv",
 }
 """Short names the CLI accepts; ``PREFIX:NAME`` specs of other ecosystems are :data:`ENV_PREFIXES`."""
 

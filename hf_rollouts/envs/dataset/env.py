@@ -1,0 +1,223 @@
+"""``DatasetEnv`` (``dataset``): any dataset with a verifier as an environment — a question, the agent's reply, a
+verdict.
+
+``task_data`` (one row; :func:`~hf_rollouts.envs.dataset.rows.to_task_rows` builds it from a dataset's columns):
+
+* ``prompt``: the question, a string or chat messages (an optional ``system`` message, then one ``user`` message, as
+  TRL's conversational prompts); left out when ``env_config["prompt_template"]`` builds it from the other fields;
+* the reference fields the verifiers read: ``answer`` by default (a value or a list of accepted values), tests, any
+  column.
+
+``env_config`` (:class:`DatasetConfig`): ``verifier`` (a spec or a list of specs, a rubric:
+:mod:`hf_rollouts.verify`), ``extraction`` (how the answer is taken from the reply: ``boxed``, ``gsm8k``,
+``last_number``, ``regex`` with ``extraction_pattern``, ``code`` with ``code_language``, ``whole``),
+``system_prompt``, ``prompt_template`` and ``max_turns`` (default 1).
+
+**Tries and their reward.** Each agent turn is a try: the answer is extracted and the rubric's ``ascore`` awaited
+(on the engine's loop, so a slow verifier overlaps generation). A try that passes (every component with full marks)
+ends the episode; so does the last try (``max_turns``). Before that, a wrong try gets the verifier's reason back as
+the next user turn (``feedback``) and another try. **Only the final try is rewarded**: its rubric reward times
+``retry_discount ** (tries - 1)`` (default 1.0: a late right answer counts in full; 0.5 halves it per extra try);
+earlier tries get 0, so partial credit (a format reward) is never collected once per try.
+
+``info`` of every try: ``answer`` (extracted, ``None`` when none was found), ``reward`` (the rubric's, before the
+discount), ``reason`` (why it is not full marks; ``None`` when it passed), ``components`` (each verifier's name,
+weight, reward, reason and details), ``try`` (1-based) and ``solved``. A verifier that raises makes the episode
+``error`` with its message; a reply every verifier declines to score (TRL's ``None``) too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...verify import (
+    EXTRACTIONS,
+    Rubric,
+    TaskFieldError,
+    Verdict,
+    VerifierConfigError,
+    check_extraction,
+    extract_answer,
+    split_spec,
+    verifier_class,
+)
+from ..base import MultistepEnv
+from ..config import EnvConfig, EnvConfigError, option
+from ..task_data import TaskDataError
+
+DEFAULT_FEEDBACK = "That is not right ({reason}). Try again."
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetConfig(EnvConfig):
+    verifier: list | dict | str = option(
+        "exact",
+        "The verifier spec, e.g. 'math' or {'name': 'numeric', 'abs_tol': 0.01}, or a list of specs with 'weight's "
+        "(a rubric). Names: exact, numeric, math, format, trl (see hf_rollouts.verify).",
+    )
+    extraction: str = option("whole", "How the answer is taken from the reply.", choices=EXTRACTIONS)
+    extraction_pattern: str | None = option(
+        None, "The 'regex' extraction's pattern (its group 'answer', else its first group, else the match)."
+    )
+    code_language: str | None = option(None, "The 'code' extraction: take the last block of this language only.")
+    prompt_template: str | None = option(
+        None, "Build the prompt from task_data fields with str.format, e.g. 'Solve: {question}' (when no 'prompt')."
+    )
+    feedback: str = option(
+        DEFAULT_FEEDBACK, "With max_turns > 1: the user turn after a wrong try ({reason}, {answer} are filled in)."
+    )
+    retry_discount: float = option(
+        1.0, "The final try's reward is multiplied by retry_discount ** (tries - 1).", ge=0.0, le=1.0
+    )
+
+    def check(self) -> None:
+        super().check()
+        try:
+            check_extraction(self.extraction, self.extraction_pattern)
+        except ValueError as exc:
+            raise EnvConfigError("extraction_pattern" if "pattern" in str(exc) else "extraction", str(exc)) from exc
+        specs = self.verifier if isinstance(self.verifier, list) else [self.verifier]
+        if not specs:
+            raise EnvConfigError("verifier", "env_config['verifier'] is an empty list; give at least one verifier.")
+        for spec in specs:  # names and weights only: building a verifier may import code not yet trusted
+            try:
+                verifier_class(split_spec(spec)[0])
+            except VerifierConfigError as exc:
+                raise EnvConfigError("verifier", str(exc)) from exc
+        try:
+            self.feedback.format(reason="", answer="")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise EnvConfigError(
+                "feedback", f"feedback {self.feedback!r} may use only {{reason}} and {{answer}}."
+            ) from exc
+
+
+@dataclass
+class DatasetEpisode:
+    """Per-episode state: the task (prompt rendered), the user message, the tries so far and the last verdict."""
+
+    task: dict[str, Any]
+    system: str | None
+    message: str
+    tries: int = 0
+    verdicts: list[Verdict] = field(default_factory=list)
+    feedback: str = ""
+
+
+def prompt_parts(prompt: Any, where: str = "task_data['prompt']") -> tuple[str | None, str]:
+    """``(system, user)`` of a prompt: a string is the user message; chat messages may be an optional ``system``
+    message and one ``user`` message. ``TaskDataError`` naming the field otherwise."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise TaskDataError("prompt", f"{where} is empty; every task needs a question.")
+        return None, prompt
+    if not (isinstance(prompt, list) and all(isinstance(m, Mapping) for m in prompt)):
+        raise TaskDataError("prompt", f"{where} must be a string or chat messages, got {type(prompt).__name__}.")
+    roles = [m.get("role") for m in prompt]
+    if roles not in (["user"], ["system", "user"]):
+        raise TaskDataError(
+            "prompt",
+            f"{where} has roles {roles}; a prompt of chat messages is [system?, user] (put few-shot examples in the "
+            "user message or the system prompt).",
+        )
+    if not all(isinstance(m.get("content"), str) and m["content"].strip() for m in prompt):
+        raise TaskDataError("prompt", f"{where} has a message whose content is empty or not a string.")
+    return (prompt[0]["content"] if len(prompt) == 2 else None), prompt[-1]["content"]
+
+
+class DatasetEnv(MultistepEnv):
+    """A dataset row, the agent's reply and a verifier's verdict (see the module docstring)."""
+
+    name = "dataset"
+    default_max_turns = 1
+    config_class = DatasetConfig
+
+    def __init__(self, tokenizer: Any, env_config: dict[str, Any] | None = None) -> None:
+        super().__init__(tokenizer, env_config)
+        try:
+            self.rubric = Rubric.from_specs(self.config.verifier)
+        except VerifierConfigError as exc:
+            raise EnvConfigError("verifier", str(exc)) from exc
+        self.rubric.bind(tokenizer)
+        self.max_reward = self.config.max_reward if self.config.max_reward is not None else self.rubric.max_reward
+
+    @classmethod
+    def modules_to_import(cls, env_config: dict[str, Any]) -> list[str]:
+        """The modules the verifiers import (a ``trl`` verifier's reward function): code, trusted only if allowed."""
+        try:
+            return Rubric.modules_in((env_config or {}).get("verifier", "exact"))
+        except VerifierConfigError:
+            return []  # a bad spec: the config check refuses it, naming the key
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {**super().fingerprint(), "verifier": self.rubric.fingerprint()}
+
+    def render(self, task_data: Mapping[str, Any]) -> dict[str, Any]:
+        """``task_data`` with its prompt: ``task_data['prompt']``, else ``prompt_template`` filled from its fields."""
+        task = dict(task_data)
+        if task.get("prompt") is None:
+            template = self.config.prompt_template
+            if template is None:
+                raise TaskDataError(
+                    "prompt",
+                    f"DatasetEnv task_data needs 'prompt' (or env_config['prompt_template']); it has {sorted(task)}.",
+                )
+            try:
+                task["prompt"] = template.format(**task)
+            except KeyError as exc:
+                raise TaskDataError(
+                    exc.args[0],
+                    f"prompt_template {template!r} reads task_data[{exc.args[0]!r}], which this task lacks.",
+                ) from exc
+        return task
+
+    def validate_task_data(self, task_data: dict[str, Any]) -> None:
+        task = self.render(task_data)
+        prompt_parts(task["prompt"])
+        try:
+            self.rubric.check_task(task)
+        except TaskFieldError as exc:
+            raise TaskDataError(exc.key, str(exc)) from exc
+
+    def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> DatasetEpisode:
+        task = self.render(task_data)
+        system, message = prompt_parts(task["prompt"])
+        return DatasetEpisode(task, system, message)
+
+    def _system_prompt(self, state: DatasetEpisode) -> str | None:
+        return state.system
+
+    def _format_prompt(self, state: DatasetEpisode, step: int) -> str:
+        return state.message if step == 0 else state.feedback
+
+    def extract(self, reply: str) -> str | None:
+        """The answer in ``reply`` by this env's extraction."""
+        c = self.config
+        return extract_answer(reply, c.extraction, c.extraction_pattern, c.code_language)
+
+    async def _step_episode(
+        self, session_id: str, state: DatasetEpisode, action: str
+    ) -> tuple[DatasetEpisode, float, bool, dict[str, Any]]:
+        answer = self.extract(action)
+        verdict = await self.rubric.ascore(action, answer, state.task)
+        state.tries += 1
+        state.verdicts.append(verdict)
+        solved = verdict.passed
+        last = solved or state.tries >= self.max_turns
+        info = {
+            "answer": answer,
+            "reward": verdict.reward,
+            "reason": verdict.reason,
+            "components": verdict.info.get("components", []),
+            "try": state.tries,
+            "solved": solved,
+        }
+        if not last:
+            state.feedback = self.config.feedback.format(reason=verdict.reason, answer=answer)
+            return state, 0.0, False, info
+        return state, verdict.reward * self.config.retry_discount ** (state.tries - 1), True, info
+
+
+__all__ = ["DEFAULT_FEEDBACK", "DatasetConfig", "DatasetEnv", "DatasetEpisode", "prompt_parts"]

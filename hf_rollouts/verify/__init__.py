@@ -1,0 +1,60 @@
+"""Verifiers: score an agent's reply against a task's reference (knows no environments and no agents).
+
+* the contract: :class:`Verdict`, :class:`Verifier` (``score`` / ``ascore`` / ``fingerprint``), the name registry
+  (:func:`register_verifier`, :func:`build_verifier`) — :mod:`.base`;
+* weighted composition: :class:`Rubric` — :mod:`.rubric`;
+* answer extraction (``\\boxed{}``, GSM8K's ``####``, the last number, a regex, a code block, the whole reply) —
+  :mod:`.extract`;
+* the shipped verifiers, by spec name: ``exact`` (:class:`ExactMatch`), ``numeric`` (:class:`Numeric`), ``format``
+  (:class:`FormatRegex`), ``math`` (:class:`MathVerifier`, the optional ``math-verify`` extra) and ``trl``
+  (:class:`TRLReward`: any TRL reward function, called as TRL calls it).
+
+Environments (:class:`hf_rollouts.envs.dataset.DatasetEnv`) hold a rubric and await its ``ascore``.
+"""
+
+from .base import (
+    VERIFIERS,
+    TaskFieldError,
+    Verdict,
+    Verifier,
+    VerifierConfigError,
+    build_verifier,
+    reference,
+    register_verifier,
+    split_spec,
+    verifier_class,
+)
+from .checks import ExactMatch, FormatRegex, Numeric, normalize, parse_number
+from .extract import EXTRACTIONS, check_extraction, code_block, extract_answer, last_boxed, last_number
+from .mathverify import MathVerifier, math_equal
+from .rubric import Rubric, UnscorableError
+from .trl_reward import TRLReward
+
+__all__ = [
+    "EXTRACTIONS",
+    "VERIFIERS",
+    "ExactMatch",
+    "FormatRegex",
+    "MathVerifier",
+    "Numeric",
+    "Rubric",
+    "TRLReward",
+    "TaskFieldError",
+    "UnscorableError",
+    "Verdict",
+    "Verifier",
+    "VerifierConfigError",
+    "build_verifier",
+    "check_extraction",
+    "code_block",
+    "extract_answer",
+    "last_boxed",
+    "last_number",
+    "math_equal",
+    "normalize",
+    "parse_number",
+    "reference",
+    "register_verifier",
+    "split_spec",
+    "verifier_class",
+]
