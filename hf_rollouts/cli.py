@@ -108,23 +108,64 @@ def _make_tasks(
         instance = cls(build_tokenizer(), config)
     except (EnvConfigError, ValueError, TypeError) as exc:  # a config or name the env refuses (says why)
         raise UsageError(f"--env {spec}: {cls.__name__} refused env_config {config}: {exc}") from exc
-    return instance.get_eval_dataset(num_tasks) if split == "eval" else instance.get_train_dataset(num_tasks)
+    try:
+        return instance.get_eval_dataset(num_tasks) if split == "eval" else instance.get_train_dataset(num_tasks)
+    except NotImplementedError as exc:  # an env over the user's own rows (dataset) makes no tasks
+        raise UsageError(f"--env {spec}: {exc}") from exc
 
 
 def tasks_parser() -> HfArgumentParser:
     return HfArgumentParser([TasksArgs], prog="hf-rollouts tasks")
 
 
+def _dataset_tasks(args):
+    """``tasks --from-dataset``: the source's rows as task rows of the dataset env, every row checked first."""
+    from .envs.dataset import load_source, to_task_rows
+
+    config = _json_dict(args.env_config, "--env-config")
+    if args.verifier:
+        text = args.verifier.strip()
+        try:
+            config["verifier"] = json.loads(text) if text[:1] in "[{" else text
+        except json.JSONDecodeError as exc:
+            raise UsageError(f'--verifier is a name or a JSON spec, e.g. \'{{"name": "math"}}\' ({exc}).') from None
+    if args.extraction:
+        config["extraction"] = args.extraction
+    try:
+        ds = load_source(args.from_dataset, args.split, args.dataset_config)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(f"--from-dataset {args.from_dataset}: {exc}") from exc
+    if args.num_tasks is not None:
+        ds = ds.select(range(min(args.num_tasks, len(ds))))
+    prompt_column = None if args.prompt_template else args.prompt_column
+    options = dict(prompt_column=prompt_column, answer_column=args.answer_column, prompt_template=args.prompt_template)
+    try:
+        return to_task_rows(
+            ds, **options, answer_extraction=args.answer_extraction, columns=args.column, env_config=config
+        )
+    except ValueError as exc:  # a bad option (extraction, template); bad rows are TaskValidationErrors
+        if isinstance(exc, user_errors()):
+            raise
+        raise UsageError(f"--from-dataset: {exc}") from exc
+
+
 def cmd_tasks(argv: list[str]) -> int:
     (args,) = tasks_parser().parse_args_into_dataclasses(argv)
+    if (args.env is None) == (args.from_dataset is None):
+        raise UsageError("give exactly one of --env NAME or --from-dataset PATH_OR_NAME.")
+    if args.env and args.split not in ("train", "eval"):
+        raise UsageError(f"--split with --env is train or eval, got {args.split!r}.")
     _check_output(args.output, args.overwrite)
-    ds = _make_tasks(args.env, args.split, args.num_tasks, args.env_config, args.allow_env_module)
+    if args.from_dataset:
+        ds = _dataset_tasks(args)
+    else:
+        ds = _make_tasks(args.env, args.split, args.num_tasks, args.env_config, args.allow_env_module)
     from .publish.save import clear_output_dir
 
     if args.overwrite:
         clear_output_dir(args.output)
     ds.save_to_disk(args.output)
-    print(f"wrote {len(ds)} {args.split} tasks of {args.env} to {args.output}")
+    print(f"wrote {len(ds)} {args.split} tasks of {args.env or args.from_dataset} to {args.output}")
     return 0
 
 

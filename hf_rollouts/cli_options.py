@@ -9,20 +9,64 @@ from dataclasses import dataclass, field
 
 @dataclass
 class TasksArgs:
-    env: str = field(
+    output: str = field(metadata={"help": "Directory to write the task dataset to (save_to_disk)."})
+    env: str | None = field(
+        default=None,
         metadata={
             "help": "Environment short name (twenty_questions, mastermind, guess_number, hidden_function, arithmetic, "
-            "calculator), "
+            "calculator; dataset: see --from-dataset), "
             "textarena:GAME-ID, "
             "reasoning_gym:DATASET, skyrl:ENV, openenv:URL, verifiers:ENV-ID, or a class path under hf_rollouts.envs."
-        }
+        },
     )
-    output: str = field(metadata={"help": "Directory to write the task dataset to (save_to_disk)."})
+    from_dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": "Or make tasks of the dataset env from this dataset: a Hub id, a local folder, a save_to_disk "
+            "directory, or a json / jsonl / csv / parquet file (its other columns are kept)."
+        },
+    )
     split: str = field(
-        default="train", metadata={"help": "train or eval (disjoint task sets).", "choices": ["train", "eval"]}
+        default="train",
+        metadata={"help": "--env: train or eval (disjoint task sets). --from-dataset: the dataset's split to read."},
     )
     num_tasks: int | None = field(default=None, metadata={"help": "Number of tasks (default: all of the split)."})
     env_config: str | None = field(default=None, metadata={"help": "JSON env_config, e.g. '{\"max_turns\": 6}'."})
+    dataset_config: str | None = field(
+        default=None, metadata={"help": "--from-dataset: the Hub dataset's config (subset), e.g. 'main' for gsm8k."}
+    )
+    prompt_column: str | None = field(
+        default="prompt", metadata={"help": "--from-dataset: the column holding the prompt (text or chat messages)."}
+    )
+    prompt_template: str | None = field(
+        default=None,
+        metadata={"help": "--from-dataset: build the prompt from columns instead, e.g. 'Solve: {question}'."},
+    )
+    answer_column: str | None = field(
+        default="answer", metadata={"help": "--from-dataset: the column holding the reference answer."}
+    )
+    answer_extraction: str | None = field(
+        default=None,
+        metadata={"help": "--from-dataset: take the answer out of that column first, e.g. 'gsm8k' ('... #### 42')."},
+    )
+    column: list[str] = field(
+        default_factory=list,
+        metadata={"help": "--from-dataset: more columns to copy into task_data (tests, a solution a verifier reads)."},
+    )
+    verifier: str | None = field(
+        default=None,
+        metadata={
+            "help": "--from-dataset: the verifier: exact, numeric, math, format, or a JSON spec / list of specs, e.g. "
+            '\'[{"name": "math"}, {"name": "format", "weight": 0.2}]\' (default: exact).'
+        },
+    )
+    extraction: str | None = field(
+        default=None,
+        metadata={
+            "help": "--from-dataset: how the answer is taken from a reply: boxed, gsm8k, last_number, regex, "
+            "code, whole (default: whole)."
+        },
+    )
     allow_env_module: list[str] = field(
         default_factory=list,
         metadata={"help": "Module prefix(es) outside hf_rollouts.envs whose env classes may be imported (runs code)."},

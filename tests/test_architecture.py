@@ -217,6 +217,14 @@ def test_optional_packages_are_imported_lazily():
     assert not found, found
 
 
+def test_verifiers_know_no_envs_and_no_agents():
+    graph = _module_graph()
+    verify = [m for m in graph if m.startswith("hf_rollouts.verify")]
+    outside = {m for m in _reach(graph, verify) if not m.startswith("hf_rollouts.verify")}
+    known = ("hf_rollouts.envs", "hf_rollouts.agents", "hf_rollouts.rollout", "hf_rollouts.expansion")
+    assert not [m for m in outside if m.startswith(known)], outside  # the loop and a sandbox it may reach
+
+
 def test_executors_know_no_rollouts():
     graph = _module_graph()
     executors = [m for m in graph if m.startswith("hf_rollouts.executors")]

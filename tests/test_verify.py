@@ -143,3 +143,28 @@ def test_math_verify_works_off_the_main_thread():
     assert asyncio.run(math.ascore("", "0.4", {"answer": "0.5"})).reward == 0.0
     with pytest.raises(TaskFieldError, match="cannot parse"):
         math.check_task({"answer": r"\sqrt{2}/2"})
+
+
+def test_math_verify_is_bounded_by_its_own_timeout_off_the_main_thread(monkeypatch):
+    """math-verify's signal-based limits cannot work here; the verifier's own does. A comparison made slow as
+    math-verify's own tests/test_timeout.py makes it (sympy_expr_eq sleeping) gives a 'timed out' verdict."""
+    import time
+
+    import math_verify.grader
+
+    monkeypatch.setattr(math_verify.grader, "sympy_expr_eq", lambda *a, **k: time.sleep(1.0) or True)
+    math = build_verifier({"name": "math", "timeout": 0.1})
+    results = []
+    thread = threading.Thread(target=lambda: results.append(math.score("", "2", {"answer": "2"})))
+    thread.start()
+    thread.join()
+    assert results[0].reward == 0.0 and results[0].reason == "math-verify timed out after 0.1 s"
+    assert asyncio.run(math.ascore("", "2", {"answer": "2"})).info == {"timed_out": True}
+
+
+def test_math_without_the_extra_says_what_to_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"pip install 'hf-rollouts\[math\]'"):
+        build_verifier("math")

@@ -120,7 +120,7 @@ class FormatRegex(Verifier):
         find = re.fullmatch if self.full_match else re.search
         if find(self.pattern, reply.strip() if self.full_match else reply, re.DOTALL):
             return Verdict(1.0)
-        return Verdict(0.0, f"the reply does not match the format {self.pattern!r}")
+        return Verdict(0.0, f"the reply does not match the format /{self.pattern}/")
 
 
 __all__ = ["ExactMatch", "FormatRegex", "Numeric", "normalize", "parse_number"]

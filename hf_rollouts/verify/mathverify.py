@@ -79,8 +79,12 @@ class MathVerifier(Verifier):
             raise VerifierConfigError("timeout", f"verifier 'math': timeout must be > 0 seconds, got {self.timeout}.")
 
     def check_task(self, task: Mapping[str, Any]) -> None:
+        parse = import_math_verify().parse
         for gold in accepted(reference(task, self.reference_key, self.name)):
-            parsed = import_math_verify().parse(str(gold), parsing_timeout=None)
+            try:
+                parsed = THREADS.submit(lambda gold=gold: parse(str(gold), parsing_timeout=None)).result(self.timeout)
+            except FutureTimeout:
+                parsed = []
             if not parsed:
                 raise TaskFieldError(
                     self.reference_key,

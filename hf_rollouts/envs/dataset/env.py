@@ -143,6 +143,13 @@ class DatasetEnv(MultistepEnv):
         self.rubric.bind(tokenizer)
         self.max_reward = self.config.max_reward if self.config.max_reward is not None else self.rubric.max_reward
 
+    def _task_list(self, split: str, num_tasks: int | None) -> list[dict[str, Any]]:
+        raise NotImplementedError(
+            "DatasetEnv plays the rows of your dataset and makes no tasks of its own: build task rows with "
+            "hf_rollouts.envs.dataset.to_task_rows(dataset, prompt_column=..., answer_column=...) or "
+            "`hf-rollouts tasks --from-dataset PATH_OR_NAME --prompt-column ... --answer-column ...`."
+        )
+
     @classmethod
     def modules_to_import(cls, env_config: dict[str, Any]) -> list[str]:
         """The modules the verifiers import (a ``trl`` verifier's reward function): code, trusted only if allowed."""
