@@ -71,8 +71,9 @@ class SandboxLimits:
 @dataclass(frozen=True)
 class SandboxResult:
     """One run's outcome. ``status``: ``"passed"``, ``"failed"`` (the tests ran and one failed, or the code raised),
-    ``"timeout"`` (past the wall time, or killed at the CPU-time limit), ``"output_limit"``, ``"memory"`` (an allocation was refused), ``"crashed"`` (the run ended without
-    the harness's report: an early exit, a signal, a killed parent). ``reason``: one line, ``None`` when passed."""
+    ``"timeout"`` (past the wall time, or killed at the CPU-time limit), ``"output_limit"``, ``"memory"`` (an
+    allocation was refused), ``"crashed"`` (the run ended without the harness's report: an early exit, a signal, a
+    killed parent). ``reason``: one line, ``None`` when passed."""
 
     status: str
     reason: str | None
