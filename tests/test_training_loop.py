@@ -176,6 +176,9 @@ def test_prepare_rollouts_can_be_quiet(tiny, tmp_path, capfd):
 
     model, tok = tiny
     rollouts, _ = _rollouts(model, tok, tmp_path)
+    # datasets' switch is process-wide, and an earlier test in the same process can leave it off (the suite showed
+    # no bar here after other tests, while this file alone did): start from the default, bars on
+    datasets.enable_progress_bars()
     capfd.readouterr()
     prepare_rollouts(rollouts, flatten=True)
     assert "flatten rollouts" in capfd.readouterr().err  # the default shows datasets' bar

@@ -362,7 +362,9 @@ def test_cli_processed_logprobs_recompute_with_token_logprobs(vllm_server, proxy
     assert run.returncode == 0, run.stderr[-3000:]
     assert "mode tokens" in run.stdout and "text_fallbacks=0" in run.stdout and "failures=0" in run.stdout
     prepared = prepare_rollouts(str(tmp_path / "out"), flatten=True)
-    assert prepared.logprob_convention == {"kind": "processed", "temperature": TEMPERATURE}
+    convention = prepared.logprob_convention  # read back from the rows (issue 35: top-p, top-k, the agent too)
+    assert (convention["kind"], convention["temperature"]) == ("processed", TEMPERATURE)
+    assert len(convention["agents"]) == 1
     worst = 0.0
     with torch.no_grad():
         for row in prepared.dataset:
@@ -472,7 +474,9 @@ def test_cli_model_vllm_runs_in_process_and_records_its_convention(vllm_agent_ru
     card = (run.cli_out / "README.md").read_text()
     assert "vllm (in-process AsyncLLM engine)" in card and "logprob_convention" in card
     prepared = prepare_rollouts(str(run.cli_out), flatten=True)
-    assert prepared.logprob_convention == {"kind": "processed", "temperature": 0.8}
+    convention = prepared.logprob_convention  # read back from the rows (issue 35: top-p, top-k, the agent too)
+    assert (convention["kind"], convention["temperature"]) == ("processed", 0.8)
+    assert len(convention["agents"]) == 1
     model = small[1]
     with torch.no_grad():
         for row in prepared.dataset:
