@@ -64,8 +64,12 @@ def run_first_example(tmp_path, monkeypatch, model: str) -> str:
 def test_the_first_example_runs(tmp_path, monkeypatch):
     """The README's first example with one change, ``load_agent("tiny")`` for ``load_agent("smollm2")`` (its comment
     offers both): every other line as written, its ``mapped == rollouts`` assertion included. The example as
-    written, with SmolLM2 (minutes on CPU), is the slow test below."""
-    run_first_example(tmp_path, monkeypatch, "tiny")
+    written, with SmolLM2 (minutes on CPU), is the slow test below. The columns and rows it prints are the ones
+    docs/getting-started.md shows (the statuses and rewards after them are the model's)."""
+    printed = run_first_example(tmp_path, monkeypatch, "tiny")
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    shown = re.search(r"assert mapped.to_list\(\) == rollouts.to_list\(\)\n```\n.*?```text\n(.*?)```", page, re.S)[1]
+    assert printed.splitlines()[:4] == shown.splitlines()[:4], "docs/getting-started.md shows other columns"
 
 
 @pytest.mark.slow
