@@ -11,8 +11,11 @@ each held-out task one rollout where the interval matters.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ from typing import Any
 from datasets import Dataset
 
 from .agents.base import Agent
+from .agents.sampling import SamplingConfig
 from .publish.stats import compute_stats
 from .training.loop import collect_rollouts
 
@@ -93,13 +97,35 @@ def evaluate_agent(
     num_rollouts: int = 1,
     *,
     seed: int,
+    greedy: bool = False,
     cache_dir: str | Path | None = None,
     **options: Any,
 ) -> Evaluation:
     """Play ``num_rollouts`` episodes of every row with ``agent`` (never from a cache: the agent's weights may have
     changed under the same fingerprint; :func:`hf_rollouts.training.collect_rollouts`, the model in ``eval()``) and
-    return their :class:`Evaluation`. ``cache_dir``: where the shard files go (default: a temporary directory).
-    ``options`` go to :func:`~hf_rollouts.pipeline.generate_rollouts`."""
+    return their :class:`Evaluation`. ``greedy=True``: the agent decodes greedily for this evaluation only
+    (:func:`greedy_sampling`), e.g. a policy trained by sampling at temperature 0.7 evaluated at its most likely
+    answers. ``cache_dir``: where the shard files go (default: a temporary directory). ``options`` go to
+    :func:`~hf_rollouts.pipeline.generate_rollouts`."""
     start = time.perf_counter()
-    rollouts = collect_rollouts(tasks, agent, num_rollouts, seed=seed, cache_dir=cache_dir, **options)
+    with greedy_sampling(agent) if greedy else contextlib.nullcontext():
+        rollouts = collect_rollouts(tasks, agent, num_rollouts, seed=seed, cache_dir=cache_dir, **options)
     return evaluation_of(rollouts, time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def greedy_sampling(agent: Agent) -> Iterator[Agent]:
+    """``agent`` decoding greedily in the block: its ``sampling`` (a
+    :class:`~hf_rollouts.agents.sampling.SamplingConfig`: the transformers, vLLM and OpenAI-compatible agents) with
+    ``temperature=0``, put back as it was after. Raises ``ValueError`` for an agent without one."""
+    sampling = getattr(agent, "sampling", None)
+    if not isinstance(sampling, SamplingConfig):
+        raise ValueError(
+            f"greedy decoding sets agent.sampling.temperature to 0, and {type(agent).__name__} has no SamplingConfig "
+            "at .sampling; evaluate it as it is (greedy=False)."
+        )
+    agent.sampling = dataclasses.replace(sampling, temperature=0.0)
+    try:
+        yield agent
+    finally:
+        agent.sampling = sampling

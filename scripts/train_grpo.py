@@ -97,11 +97,12 @@ def _train(cfg: TrainConfig, command: str | None) -> list[runs.IterationStats]:
             prepared = training.prepare_rollouts(rollouts, flatten=True, advantage=cfg.advantage, progress=False,
                                                  drop_constant_groups=not cfg.keep_constant_groups)  # fmt: skip
         rows = prepared.dataset
-        if cfg.control == "shuffle" and len(rows):
+        if cfg.control == "shuffle":
             rows = training.shuffle_advantages(rows, derive_seed("train_grpo_control", cfg.seed, it))
         played = evaluation_of(rollouts)
-        m = training.grpo_update(policy, optimizer, rows, pad_token_id=tokenizer.pad_token_id, config=update,
-                                 seed=seed, accelerator=accelerator)  # fmt: skip
+        m = training.grpo_update(policy, optimizer, dataclasses.replace(prepared, dataset=rows),  # warns on a wasted
+                                 pad_token_id=tokenizer.pad_token_id, config=update, seed=seed,  # round (the report)
+                                 accelerator=accelerator)  # fmt: skip
         changed = agent.fingerprint()["weights_probe"] != probe
         if m.steps and not changed:
             print(f"warning: iteration {it}: the weights probe did not move with the update.", file=sys.stderr)

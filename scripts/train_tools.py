@@ -148,12 +148,11 @@ def _train(cfg: ToolTrainConfig, command: str | None) -> ToolTrainResult:
                 steps = max(1, round(cfg.num_rollouts * cfg.tasks_per_iter / cfg.minibatch_size))
                 loss = training.sft_update(model, sft_opt, demo_rows, steps=steps, seed=seed, **sft)[-1]
             else:
-                rows = training.prepare_rollouts(
-                    rollouts, flatten=True, drop_constant_groups=True, progress=False
-                ).dataset
-                if cfg.control == "shuffle" and len(rows):
-                    rows = training.shuffle_advantages(rows, derive_seed("train_tools_control", seed))
-                loss = training.grpo_update(model, optimizer, rows, pad_token_id=pad, config=update, seed=seed).loss
+                prepared = training.prepare_rollouts(rollouts, flatten=True, drop_constant_groups=True, progress=False)
+                if cfg.control == "shuffle":
+                    shuffled = training.shuffle_advantages(prepared.dataset, derive_seed("train_tools_control", seed))
+                    prepared = dataclasses.replace(prepared, dataset=shuffled)
+                loss = training.grpo_update(model, optimizer, prepared, pad_token_id=pad, config=update, seed=seed).loss
             grpo.append(measure(rollouts, phase, it, time.perf_counter() - t, loss, call=call))
             if not cfg.quiet:
                 print(("" if it else demo.TOOL_HEADER + "\n") + demo.format_tool_row(grpo[-1]), flush=True)

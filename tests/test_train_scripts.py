@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -110,6 +111,19 @@ def test_train_grpo_on_a_real_model_path_writes_the_held_out_summary(grpo, tmp_p
     assert grpo.train(only) == []
     base = json.loads((tmp_path / "base" / "summary.json").read_text())
     assert base["heldout_before"] == base["heldout_after"] and base["heldout_before"]["episodes"] == 6
+
+
+def test_train_grpo_warns_of_a_round_with_nothing_to_learn_from_and_goes_on(grpo, tmp_path, caplog):
+    """Issue 46, items 1 and 4: the random tiny model never answers the arithmetic questions, so every group is
+    constant and dropped; the round (with the shuffle control too) is an empty step and the warning says why."""
+    argv = [
+        *("--env", "arithmetic", "--iterations", "1", "--tasks-per-iter", "2", "--num-rollouts", "2"),
+        *("--max-new-tokens", "2", "--control", "shuffle", "--quiet", "--plot", "none", "--output-dir", str(tmp_path)),
+    ]
+    with caplog.at_level(logging.WARNING, logger="hf_rollouts.training"):
+        (stats,) = grpo.train(grpo.parse_args(argv))
+    assert stats.trained_rollouts == 0 and stats.mean_reward == 0
+    assert "kept 0/2 groups" in caplog.text and "more rollouts per task" in caplog.text
 
 
 def test_train_trl_on_a_real_model_path_writes_the_held_out_summary(trl_script, tmp_path):

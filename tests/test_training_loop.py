@@ -5,25 +5,33 @@ token_logprobs, and never averaged over two settings."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import logging
 import math
+import warnings
 
 import pytest
 import torch
 from datasets import concatenate_datasets
+from torch.utils.data import DataLoader
 
 from hf_rollouts.agents.hf import TransformersAgent
 from hf_rollouts.envs.guess_number import GuessNumberEnv
 from hf_rollouts.pipeline import generate_rollouts
 from hf_rollouts.training import (
+    FLAT_FEATURES,
     RolloutCollator,
+    RolloutFilterReport,
     UpdateConfig,
     batch_logprobs,
     collect_rollouts,
     grpo_update,
+    logprob_gap,
     prepare_rollouts,
     read_logprob_convention,
     sft_update,
+    shuffle_advantages,
     split_by_logprob_settings,
     task_splits,
     token_logprobs,
@@ -97,14 +105,50 @@ def test_two_runs_of_different_settings_are_refused_or_split_never_averaged(tiny
             next(model.parameters()).sub_(1e-3)
     both = prepare_rollouts(concatenate_datasets([warm, later]), flatten=True, progress=False)
     assert len(both.logprob_convention["agents"]) == 2
-    # a hand-made batch of two temperatures is refused by token_logprobs too
-    rows = (
-        list(prepare_rollouts(warm, flatten=True, progress=False).dataset)[:1]
-        + list(prepare_rollouts(hot, flatten=True, progress=False).dataset)[:1]
-    )
-    batch = RolloutCollator(tok.pad_token_id)(rows)
-    with pytest.raises(ValueError, match="mixes log-probs made at temperatures"):
-        batch_logprobs(model, batch)
+
+
+def test_flattened_runs_of_two_settings_are_refused_up_front_or_computed_row_by_row(model_copy, tmp_path):
+    """Issue 46, item 3: concatenated flattened rows of two runs (T 0.7 and T 1.0) are refused by grpo_update and
+    logprob_gap before any step, even when no minibatch mixes them (size 1); a collator batch that mixes them is
+    computed row by row, each row as it would be alone, so nothing depends on where batches fall."""
+    model, tok = model_copy
+    warm, _ = _rollouts(model, tok, tmp_path, temperature=0.7, seed=1)
+    hot, _ = _rollouts(model, tok, tmp_path, temperature=1.0, seed=2)
+    flat = [prepare_rollouts(r, flatten=True, progress=False).dataset for r in (warm, hot)]
+    mixed = concatenate_datasets(flat)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    with pytest.raises(ValueError, match="mix log-prob settings.*split_by_logprob_settings"):
+        grpo_update(model, optimizer, mixed, pad_token_id=tok.pad_token_id, config=UpdateConfig(minibatch_size=1))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # refused before the first step
+    with pytest.raises(ValueError, match="mix log-prob settings"):
+        logprob_gap(model, mixed, tok.pad_token_id, batch_size=1)
+    assert [len(p) for p in split_by_logprob_settings(mixed).values()] == [len(f) for f in flat]  # flat rows split
+    rows = [flat[0][0], flat[1][0]]
+    collate = RolloutCollator(tok.pad_token_id)
+    batch = collate(rows)
+    assert batch["logprob_temperature"].tolist() == pytest.approx([0.7, 1.0])
+    with torch.no_grad():
+        together = batch_logprobs(model, batch).cpu()
+        for i, row in enumerate(rows):
+            alone = batch_logprobs(model, collate([row])).cpu()[0]
+            n = len(row["input_ids"])
+            torch.testing.assert_close(together[i, :n], alone, atol=1e-5, rtol=1e-5)
+    mask = batch["loss_mask"].bool()
+    torch.testing.assert_close(together[mask], batch["old_logprobs"][mask], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="leave temperature unset"):  # one temperature for both is still refused
+        batch_logprobs(model, batch, 1.0)
+
+
+def test_token_logprobs_says_which_temperature_it_assumed(tiny):
+    model, _ = tiny
+    ids = torch.tensor([[1, 2, 3, 4]], device=model.device)
+    with torch.no_grad(), pytest.warns(UserWarning, match="computed at temperature 1.0.*pass temperature="):
+        assumed = token_logprobs(model, ids)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(assumed, token_logprobs(model, ids, temperature=1.0))  # said: no warning
+        token_logprobs(model, ids, recorded_temperature=torch.tensor([0.7]))  # recorded: no warning
 
 
 def test_grpo_update_steps_minibatches_clips_and_leaves_the_policy_in_eval_mode(model_copy, tmp_path):
@@ -204,3 +248,64 @@ def test_task_rows_load_from_files_exactly(tokenizer, tmp_path, kind):
     assert train.to_list() == rows.to_list() and held.to_list() == rows.to_list()[:3]
     with pytest.raises(ValueError, match="needs env="):
         task_splits(tokenizer, num_train=2)
+
+
+def test_an_empty_round_is_an_empty_step_everywhere(model_copy, caplog):
+    """Issue 46, item 1: every group of the round has equal rewards (the number is always 3 and the random tiny model
+    never says it), so nothing is kept; each piece takes the empty round as an empty step and the report says so."""
+    model, tok = model_copy
+    tasks = GuessNumberEnv(tok, {"low": 3, "high": 3, "max_turns": 2}).get_train_dataset(2)
+    rollouts = collect_rollouts(tasks, TransformersAgent(model, tok, max_new_tokens=4, seed=0), 4, seed=0)
+    prepared = prepare_rollouts(rollouts, flatten=True, drop_constant_groups=True, progress=False)
+    report, rows = prepared.report, prepared.dataset
+    assert report.constant_groups_dropped == 2 and report.rollouts_out == 0 and report.nothing_to_learn
+    assert str(report).endswith("nothing to learn from in this round")
+    assert len(rows) == 0 and rows.features == FLAT_FEATURES  # the full schema, not a dataset of no columns
+    groups = prepare_rollouts(rollouts, drop_constant_groups=True, progress=False).dataset
+    assert len(groups) == 0 and groups.column_names == [*rollouts.column_names, "advantages", "rollout_indices",
+                                                        "advantage_mode"]  # fmt: skip
+    control = shuffle_advantages(rows, seed=0)
+    assert len(control) == 0 and control.features == FLAT_FEATURES
+    with pytest.raises(ValueError, match="flatten=True"):
+        shuffle_advantages(groups, seed=0)
+    collate = RolloutCollator(tok.pad_token_id)
+    batch = collate([])
+    assert batch["input_ids"].shape == (0, 0) and batch["logprob_temperature"].shape == (0,)
+    assert list(DataLoader(rows, batch_size=4, collate_fn=collate)) == []
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with caplog.at_level(logging.WARNING, logger="hf_rollouts.training"):
+        m = grpo_update(model, optimizer, prepared, pad_token_id=tok.pad_token_id)
+    assert m.steps == 0 and m.rollouts == 0 and math.isnan(m.loss) and not model.training
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert "kept 0/2 groups (0%, below 25%)" in caplog.text and "nothing to learn from" in caplog.text
+
+
+def test_grpo_update_warns_when_a_round_kept_few_of_its_groups_and_names_the_remedies(model_copy, tmp_path, caplog):
+    """Issue 46, item 4: below ``UpdateConfig.warn_kept_groups`` (25% by default) of its groups kept, a round is
+    mostly wasted; the warning says how many, why, and what usually helps."""
+    few = RolloutFilterReport(groups_in=8, rollouts_in=32, constant_groups=6, constant_groups_dropped=6,
+                              constant_group_rollouts_dropped=24, errors=4, errors_dropped=4, groups_out=1,
+                              rollouts_out=4)  # fmt: skip
+    text = few.low_signal_warning(0.25)
+    assert "kept 1/8 groups (12%, below 25%): 6 had the same reward in every rollout" in text
+    assert "1 lost every rollout to errors or truncation; few optimizer steps" in text
+    for remedy in ("more rollouts per task", "higher sampling temperature", "harder", "easier"):
+        assert remedy in text
+    assert few.kept_group_fraction == 1 / 8 and few.low_signal_warning(0.1) is None and "\n" not in text
+    assert RolloutFilterReport().low_signal_warning(0.5) is None  # no groups, nothing to say
+    model, tok = model_copy
+    rollouts, _ = _rollouts(model, tok, tmp_path)
+    kept = prepare_rollouts(rollouts, flatten=True, progress=False)  # constant groups kept: every group kept
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    with caplog.at_level(logging.WARNING, logger="hf_rollouts.training"):
+        grpo_update(model, optimizer, kept, pad_token_id=tok.pad_token_id)
+        grpo_update(model, optimizer, kept, pad_token_id=tok.pad_token_id, config=UpdateConfig(warn_kept_groups=1.0))
+        assert not caplog.text
+        dropped = dataclasses.replace(kept, report=dataclasses.replace(kept.report, groups_out=0, rollouts_out=0))
+        grpo_update(model, optimizer, dropped, pad_token_id=tok.pad_token_id, config=UpdateConfig(warn_kept_groups=0))
+        assert not caplog.text  # 0: never
+        grpo_update(model, optimizer, dropped, pad_token_id=tok.pad_token_id)
+    assert "grpo_update: the round kept 0/3 groups" in caplog.text
+    with pytest.raises(ValueError, match="warn_kept_groups"):
+        UpdateConfig(warn_kept_groups=25)

@@ -27,9 +27,10 @@ holds ``log p(input_ids[t] | input_ids[:t])`` computed as
 stored ``padded_logprobs`` and :func:`token_logprobs` both follow it, so their
 difference is the log importance ratio with no shifting by the caller. Every rollout records how its log-probs were
 made (``logprob_settings``: kind, temperature, top-p, top-k, agent hash; an inference server's may be raw, before
-temperature); :func:`prepare_rollouts` refuses a dataset of mixed settings, the collator hands each row's
-temperature on (``logprob_temperature``) and :func:`token_logprobs` recomputes at it, refusing another one
-(:mod:`.convention`).
+temperature); :func:`prepare_rollouts` refuses a dataset of mixed settings (and :func:`grpo_update` and
+:func:`logprob_gap` flattened rows of mixed settings, before the first batch), the collator hands each row's
+temperature on (``logprob_temperature``) and :func:`token_logprobs` recomputes each row at its own, refusing another
+one (:mod:`.convention`).
 
 Advantage modes (:data:`ADVANTAGE_MODES`), computed per group over the group's
 non-error rollouts and *before* anything is dropped:

@@ -76,13 +76,41 @@ class RolloutFilterReport:
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
 
-    def __str__(self) -> str:
+    @property
+    def nothing_to_learn(self) -> bool:
+        """No rollout kept: the round is an empty step (no optimizer step, no change to the policy)."""
+        return self.rollouts_out == 0
+
+    @property
+    def kept_group_fraction(self) -> float:
+        """``groups_out / groups_in``: the share of the round's tasks that still give a learning signal (NaN for
+        a round of no groups)."""
+        return self.groups_out / self.groups_in if self.groups_in else math.nan
+
+    def low_signal_warning(self, min_fraction: float) -> str | None:
+        """A warning when this round kept fewer than ``min_fraction`` of its groups (``None`` otherwise, and for a
+        round of no groups): how many were kept, why the rest were dropped, and the usual remedies."""
+        if not self.groups_in or self.kept_group_fraction >= min_fraction:
+            return None
+        other = self.groups_in - self.groups_out - self.constant_groups_dropped
+        why = f"{self.constant_groups_dropped} had the same reward in every rollout (no GRPO signal)"
+        why += f", {other} lost every rollout to errors or truncation" if other else ""
+        outcome = "nothing to learn from, no optimizer step" if self.nothing_to_learn else "few optimizer steps"
         return (
+            f"the round kept {self.groups_out}/{self.groups_in} groups ({self.kept_group_fraction:.0%}, below "
+            f"{min_fraction:.0%}): {why}; {outcome}. Usual remedies: more rollouts per task, a higher sampling "
+            "temperature, tasks nearer the policy's level (harder when most groups all succeed, easier when most "
+            "all fail)."
+        )
+
+    def __str__(self) -> str:
+        text = (
             f"{self.rollouts_out}/{self.rollouts_in} rollouts kept in {self.groups_out}/{self.groups_in} groups; "
             f"dropped: {self.errors_dropped} error (of {self.errors}), {self.truncated_dropped} truncated "
             f"(of {self.truncated}), {self.constant_group_rollouts_dropped} in {self.constant_groups_dropped} "
             f"constant groups (of {self.constant_groups})"
         )
+        return text + ("; nothing to learn from in this round" if self.nothing_to_learn else "")
 
 
 def _is_error(status: str, reward: float | None) -> bool:

@@ -15,6 +15,7 @@ import torch
 from datasets import Dataset
 
 from .collate import RolloutCollator
+from .convention import dataset_logprob_convention
 from .loss import model_device, token_logprobs
 
 
@@ -42,7 +43,8 @@ def logprob_gap(
     ``model`` as a trainer would (:func:`~.loss.token_logprobs`, under ``torch.autocast(autocast_dtype)`` when
     given, as ``TrainingArguments(bf16=True)`` runs the forward) and compare them with the stored ones on every
     agent token the loss would use. ``temperature``: by default the one the rows recorded (it must agree when
-    given)."""
+    given; rows of two settings are refused up front, as :func:`~.data.prepare_rollouts` refuses them)."""
+    dataset_logprob_convention(rows)
     collate = RolloutCollator(pad_token_id, advantage="per_token")
     device = model_device(model)
     total, worst, count = 0.0, 0.0, 0

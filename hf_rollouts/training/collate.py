@@ -38,6 +38,8 @@ class RolloutCollator:
       ``logprob_settings``; NaN when not recorded). :func:`~.loss.token_logprobs` takes it as
       ``recorded_temperature`` (:func:`~.loss.batch_logprobs` does it for you) and recomputes at it.
 
+    An empty batch (an empty round) gives the same tensors with 0 rows.
+
     Args:
         pad_token_id: id used for padding ``input_ids``.
         advantage: ``None`` (default) uses each row's ``advantage_mode``;
@@ -76,19 +78,17 @@ class RolloutCollator:
         return self.advantage
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        if not rows:
-            raise ValueError("RolloutCollator got an empty batch.")
         missing = [
             c
             for c in ("input_ids", "attention_mask", "agent_mask", "per_token_rewards", "old_logprobs")
-            if c not in rows[0]
+            if rows and c not in rows[0]
         ]
         if missing:
             raise ValueError(
                 f"rows lack {missing}; flatten the rollouts first: prepare_rollouts(source, flatten=True)."
             )
         lengths = [len(r["input_ids"]) for r in rows]
-        width = max(lengths)
+        width = max(lengths, default=0)
         if self.pad_to_multiple_of:
             width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
         b = len(rows)

@@ -14,7 +14,17 @@ def shuffle_advantages(dataset: Any, seed: int) -> Any:
     A group's advantages keep their values, mean and spread, so a control run takes updates of the same size as the
     real one; only which rollout gets which advantage is random, so the updates no longer follow the reward. With
     GRPO's group-normalised advantages this is the same as shuffling the rewards within each group.
+
+    An empty round (every group dropped: ``prepare_rollouts`` keeps the columns) comes back as it is.
     """
+    missing = [c for c in ("group_id", "advantage") if c not in getattr(dataset, "column_names", ())]
+    if missing:
+        raise ValueError(
+            f"shuffle_advantages needs the columns {missing}: give it flattened rows, "
+            "prepare_rollouts(rollouts, flatten=True).dataset."
+        )
+    if not len(dataset):
+        return dataset
     rng = random.Random(seed)
     groups: dict[Any, list[int]] = defaultdict(list)
     for i, g in enumerate(dataset["group_id"]):

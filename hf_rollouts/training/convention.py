@@ -19,6 +19,7 @@ made with different settings (two runs concatenated) is refused by :func:`~.data
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,24 +41,31 @@ def _exact(value: Any) -> Any:
     return float(f"{value:.6g}") if isinstance(value, float) else value
 
 
-def row_settings(records: list[dict[str, Any] | None] | None) -> str | None:
-    """The settings key of one task row (its rollouts' records; a row is one agent's, so they agree)."""
-    keys = {settings_key(r) for r in records or []} - {None}
+def _records(value: dict[str, Any] | list[dict[str, Any] | None] | None) -> list[dict[str, Any] | None]:
+    """A row's ``logprob_settings`` as a list: a task row holds one record per rollout, a flattened row one."""
+    return [value] if isinstance(value, dict) else list(value or [])
+
+
+def row_settings(records: dict[str, Any] | list[dict[str, Any] | None] | None) -> str | None:
+    """The settings key of one row: a task row's (its rollouts' records; a row is one agent's, so they agree) or a
+    flattened row's (its one record)."""
+    keys = {settings_key(r) for r in _records(records)} - {None}
     if len(keys) > 1:
         raise ValueError(f"one task row mixes log-prob settings {sorted(keys)}; the rollout data is corrupt.")
     return next(iter(keys), None)
 
 
 def dataset_logprob_convention(ds: Any) -> dict[str, Any] | None:
-    """The one log-prob setting of rollout dataset ``ds`` (its ``logprob_settings`` column), with ``agents``: the
-    distinct agent hashes. ``None`` when nothing is recorded. Raises ``ValueError`` for mixed settings."""
+    """The one log-prob setting of ``ds`` (its ``logprob_settings`` column; task rows or flattened rows), with
+    ``agents``: the distinct agent hashes. ``None`` when nothing is recorded. Raises ``ValueError`` for mixed
+    settings: the whole dataset is read, so the answer never depends on where batches fall."""
     if "logprob_settings" not in getattr(ds, "column_names", ()):
         return None
     keys: dict[str, set[str]] = {}
     for records in ds["logprob_settings"]:
         key = row_settings(records)
         if key is not None:
-            keys.setdefault(key, set()).update(r["agent"] for r in records if r and r.get("agent"))
+            keys.setdefault(key, set()).update(r["agent"] for r in _records(records) if r and r.get("agent"))
     if len(keys) > 1:
         described = "; ".join(sorted(keys))
         raise ValueError(
@@ -71,8 +79,8 @@ def dataset_logprob_convention(ds: Any) -> dict[str, Any] | None:
 
 
 def split_by_logprob_settings(ds: Any) -> dict[str | None, Any]:
-    """``ds`` (a rollout dataset) split by log-prob setting: ``{settings key: the rows made with it}``, in first-seen
-    order; rows without a record go under ``None``."""
+    """``ds`` (a rollout dataset, task rows or flattened rows) split by log-prob setting: ``{settings key: the rows
+    made with it}``, in first-seen order; rows without a record go under ``None``."""
     if "logprob_settings" not in ds.column_names:
         return {None: ds}
     groups: dict[str | None, list[int]] = {}
@@ -131,23 +139,38 @@ def check_logprob_convention(convention: dict[str, Any] | None, temperature: flo
         )
 
 
-def recorded_temperature(
-    convention: dict[str, Any] | None = None, per_row: Any = None, where: str = "the batch"
-) -> float | None:
-    """The temperature the stored log-probs are at: from ``per_row`` (the collator's ``logprob_temperature``
-    tensor, NaN where unrecorded) or ``convention``; ``None`` when neither records one. Raises ``ValueError`` when
-    ``per_row`` holds two temperatures (a batch of mixed settings)."""
-    if per_row is not None:
-        import torch
+def row_temperatures(
+    temperature: float | None, rows: int, convention: dict[str, Any] | None = None, per_row: Any = None
+) -> list[float]:
+    """The temperature to recompute each of ``rows`` rows at (``0``: greedy, unscaled logits).
 
-        values = per_row[torch.isfinite(per_row)].unique().tolist()
-        if len(values) > 1:
-            raise ValueError(
-                f"{where} mixes log-probs made at temperatures {values}; prepare each setting on its own "
-                "(hf_rollouts.training.split_by_logprob_settings)."
-            )
-        if values:
-            return _exact(float(values[0]))
-    if convention and convention.get("temperature") is not None:
-        return float(convention["temperature"])
-    return None
+    Each row's record comes from ``per_row`` (the collator's ``logprob_temperature`` ``[rows]`` tensor, NaN where
+    unrecorded), else from ``convention``. ``temperature`` given: every row at it, after
+    :func:`check_logprob_convention` against each recorded one (``ValueError`` on a mismatch). ``None``: each row
+    at its own record, so a batch of rows from two settings is handled row by row whatever batch it falls in; rows
+    with no record at 1.0, with a warning saying so (pass ``temperature=`` to say which).
+    """
+    if temperature is not None and temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}.")
+    fallback = convention.get("temperature") if convention else None
+    recorded: list[float | None] = [None] * rows
+    if per_row is not None:
+        values = per_row.tolist() if hasattr(per_row, "tolist") else list(per_row)
+        if len(values) != rows:
+            raise ValueError(f"recorded_temperature has {len(values)} entries for {rows} rows.")
+        recorded = [_exact(float(v)) if v == v else None for v in values]  # v != v: NaN, not recorded
+    recorded = [fallback if r is None else r for r in recorded]
+    if temperature is not None:
+        for stored in sorted({float(r) for r in recorded if r is not None}):
+            check_logprob_convention({**(convention or {}), "temperature": stored}, temperature)
+        return [float(temperature)] * rows
+    unknown = sum(r is None for r in recorded)
+    if unknown:
+        warnings.warn(
+            "token_logprobs: rows that record no sampling temperature (no logprob_settings, no convention) are "
+            "computed at temperature 1.0, right only for rollouts sampled at 1.0; "
+            "pass temperature= the one they were sampled at (1.0 to keep this and silence the warning).",
+            UserWarning,
+            stacklevel=3,
+        )
+    return [1.0 if r is None else float(r) for r in recorded]

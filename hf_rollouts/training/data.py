@@ -152,7 +152,9 @@ def prepare_rollouts(
     Returns:
         :class:`PreparedRollouts` ``(dataset, report, logprob_convention)``. The report is computed
         from the scalar columns, so it is right even when ``Dataset.map`` serves
-        the token data from its cache.
+        the token data from its cache. A round where nothing is kept (every group dropped: all its rewards equal)
+        is an empty dataset with every column, which the collator, :func:`~.control.shuffle_advantages` and
+        :func:`~.loop.grpo_update` take as an empty step; ``report.nothing_to_learn`` says so.
 
     Raises:
         ValueError: when the rows' log-probs were made with different settings (two runs concatenated; see
@@ -176,6 +178,9 @@ def prepare_rollouts(
 
 
 def _prepare(kept: Dataset, flatten: bool, batch_size: int, opts: RolloutFilter, kept_groups: list[int]) -> Dataset:
+    if not len(kept):  # an empty round (every group dropped): no rows, every column (``map`` of nothing keeps none)
+        features = FLAT_FEATURES if flatten else _filtered_features(kept)
+        return Dataset.from_dict({name: [] for name in features}, features=features)
     if flatten:
         out = kept.map(
             _flatten_batch,
@@ -188,23 +193,27 @@ def _prepare(kept: Dataset, flatten: bool, batch_size: int, opts: RolloutFilter,
             desc="flatten rollouts",
         )
     else:
-        features = Features(
-            {
-                **kept.features,
-                "advantages": List(Value("float32")),
-                "rollout_indices": List(Value("int32")),
-                "advantage_mode": Value("string"),
-            }
-        )
         out = kept.map(
             _filter_groups_batch,
             batched=True,
             batch_size=batch_size,
-            features=features,
+            features=_filtered_features(kept),
             fn_kwargs={"opts": opts},
             desc="filter rollouts",
         )
     return out
+
+
+def _filtered_features(kept: Dataset) -> Features:
+    """The columns of ``prepare_rollouts(flatten=False)``: the task rows' and the three it adds."""
+    return Features(
+        {
+            **kept.features,
+            "advantages": List(Value("float32")),
+            "rollout_indices": List(Value("int32")),
+            "advantage_mode": Value("string"),
+        }
+    )
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ the averaged gradient is the one-process gradient (tested against one process).
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import shutil
 import tempfile
@@ -37,8 +38,11 @@ from datasets import Dataset
 from ..distributed import process_state
 from ..pipeline import generate_rollouts
 from .collate import RolloutCollator
+from .convention import check_logprob_convention, dataset_logprob_convention
 from .data import PreparedRollouts
 from .loss import batch_logprobs, grpo_loss, model_device, token_logprobs
+
+logger = logging.getLogger("hf_rollouts.training")
 
 
 def collect_rollouts(
@@ -89,10 +93,16 @@ class UpdateConfig:
     kl_coef: float = field(default=0.0, metadata={"help": "KL penalty against ref_model (0: none)."})
     max_grad_norm: float | None = field(default=1.0, metadata={"help": "Gradient clipping norm (None: no clip)."})
     share_prefix: bool = field(default=False, metadata={"help": "token_logprobs' share_prefix."})
+    warn_kept_groups: float = field(
+        default=0.25,
+        metadata={"help": "Warn when a round kept fewer than this fraction of its groups (0: never)."},
+    )
 
     def __post_init__(self) -> None:
         if self.minibatch_size < 1 or self.epochs < 1:
             raise ValueError(f"minibatch_size and epochs must be >= 1, got {self.minibatch_size}, {self.epochs}.")
+        if not 0 <= self.warn_kept_groups <= 1:
+            raise ValueError(f"warn_kept_groups must be in [0, 1], got {self.warn_kept_groups}.")
 
 
 @dataclass(frozen=True)
@@ -162,16 +172,25 @@ def grpo_update(
     ``ref_model`` when ``config.kl_coef > 0``) with the gradient clipped to ``config.max_grad_norm``.
 
     ``rollouts``: ``prepare_rollouts(..., flatten=True)`` or its ``.dataset`` (rows with an ``advantage``; an empty
-    one takes no step). Log-probs are recomputed at the temperature the rows recorded (``temperature`` must agree when
-    given). The minibatch order is ``torch.randperm`` with a generator seeded by ``seed``. The optimizer steps the
-    parameters in its param groups. With ``accelerator`` (several processes): ``model`` and ``optimizer`` are the
-    ones it prepared, and each minibatch is split across processes (module docstring). The model is in ``train()``
-    during the steps and ``eval()`` after. Returns :class:`UpdateMetrics`.
+    one takes no step). Given the :class:`PreparedRollouts`, a round that kept fewer than ``config.warn_kept_groups``
+    of its groups logs a warning (logger ``hf_rollouts.training``) naming the usual remedies
+    (:meth:`~.advantages.RolloutFilterReport.low_signal_warning`); after :func:`~.control.shuffle_advantages`, pass
+    ``dataclasses.replace(prepared, dataset=rows)`` to keep it. Log-probs are recomputed at the temperature the rows
+    recorded (``temperature`` must agree when given); rows of two settings (flattened runs concatenated) are refused
+    before any step, whatever the minibatches. The minibatch order is ``torch.randperm`` with a generator seeded by
+    ``seed``. The optimizer steps the parameters in its param groups. With ``accelerator`` (several processes):
+    ``model`` and ``optimizer`` are the ones it prepared, and each minibatch is split across processes (module
+    docstring). The model is in ``train()`` during the steps and ``eval()`` after. Returns :class:`UpdateMetrics`.
     """
     config = config or UpdateConfig()
     dataset = rollouts.dataset if isinstance(rollouts, PreparedRollouts) else rollouts
     if config.kl_coef > 0 and ref_model is None:
         raise ValueError("grpo_update with kl_coef > 0 needs ref_model (a frozen copy of the starting policy).")
+    temperature = _round_temperature(rollouts, dataset, temperature)
+    report = rollouts.report if isinstance(rollouts, PreparedRollouts) else None
+    warning = report.low_signal_warning(config.warn_kept_groups) if report is not None else None
+    if warning and (accelerator is None or accelerator.is_main_process):
+        logger.warning("grpo_update: %s", warning)
     collate = RolloutCollator(pad_token_id)
     params = _trainable(optimizer)
     world = accelerator.num_processes if accelerator is not None else 1
@@ -230,6 +249,23 @@ def grpo_update(
         kl=_mean(logs["kl"]),
         grad_norm=_mean(logs["grad_norm"]),
     )
+
+
+def _round_temperature(
+    rollouts: PreparedRollouts | Dataset, dataset: Dataset, temperature: float | None
+) -> float | None:
+    """The temperature of a round's rows, read once from the whole dataset (``ValueError`` for two settings, so a
+    run never stops or goes on by where minibatches fall), else from the prepared rollouts' record (a card), else
+    ``temperature``; a given ``temperature`` must agree with it."""
+    convention = dataset_logprob_convention(dataset) if len(dataset) else None
+    if convention is None and isinstance(rollouts, PreparedRollouts):
+        convention = rollouts.logprob_convention
+    if convention is None or convention.get("temperature") is None:
+        return temperature
+    if temperature is None:
+        return float(convention["temperature"])
+    check_logprob_convention(convention, temperature)
+    return temperature
 
 
 def sft_update(

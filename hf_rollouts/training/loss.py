@@ -6,8 +6,7 @@ import inspect
 
 import torch
 
-from .convention import check_logprob_convention
-from .convention import recorded_temperature as recorded_of
+from .convention import row_temperatures
 
 
 def batch_logprobs(
@@ -18,8 +17,8 @@ def batch_logprobs(
     share_prefix: bool = False,
 ) -> torch.Tensor:
     """:func:`token_logprobs` of a :class:`~.collate.RolloutCollator` batch: its ``input_ids``, ``attention_mask``
-    and ``loss_mask`` (the head runs from the first loss token on), at the temperature its rows recorded
-    (``logprob_temperature``) unless ``temperature`` is given, which must then agree with it."""
+    and ``loss_mask`` (the head runs from the first loss token on), each row at the temperature it recorded
+    (``logprob_temperature``) unless ``temperature`` is given, which must then agree with them."""
     return token_logprobs(
         model,
         batch["input_ids"],
@@ -52,11 +51,12 @@ def token_logprobs(
     means unscaled logits, as in the agent. Differentiable; call it under
     ``torch.no_grad()`` for reference log-probs.
 
-    ``temperature``: ``None`` (default) recomputes at the temperature the stored log-probs were made at, read from
-    ``recorded_temperature`` (the collator's ``logprob_temperature`` ``[batch]`` tensor) or ``convention``
-    (``PreparedRollouts.logprob_convention``), and at 1.0 when neither records one. A ``temperature`` that does not
-    match the record raises ``ValueError`` saying how to fix it (:func:`~.convention.check_logprob_convention`), and
-    so does a batch whose rows recorded two temperatures.
+    ``temperature``: ``None`` (default) recomputes each row at the temperature its stored log-probs were made at,
+    read from ``recorded_temperature`` (the collator's ``logprob_temperature`` ``[batch]`` tensor) or ``convention``
+    (``PreparedRollouts.logprob_convention``): a batch mixing two settings is computed row by row, the same whatever
+    batch a row falls in. Rows neither records are computed at 1.0 with a ``UserWarning`` saying so. A
+    ``temperature`` that does not match a record raises ``ValueError`` saying how to fix it
+    (:func:`~.convention.check_logprob_convention`; :func:`~.convention.row_temperatures`).
 
     ``loss_mask`` (same shape as ``input_ids``): only the positions from the batch's first loss token on are scored,
     and the language-model head runs on those positions only (the model's ``logits_to_keep`` argument, which
@@ -70,12 +70,7 @@ def token_logprobs(
     and gradients are those of the full pass up to float rounding (tested); the work on the shared part is one row's
     instead of the batch's. Needs a model that takes ``past_key_values`` (transformers' causal LMs).
     """
-    recorded = recorded_of(convention, recorded_temperature)
-    if temperature is None:
-        temperature = 1.0 if recorded is None else recorded
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}.")
-    check_logprob_convention(None if recorded is None else {**(convention or {}), "temperature": recorded}, temperature)
+    temperatures = row_temperatures(temperature, input_ids.shape[0], convention, recorded_temperature)
     device = model_device(model)
     input_ids = input_ids.to(device)
     attention_mask = None if attention_mask is None else attention_mask.to(device)
@@ -107,8 +102,9 @@ def token_logprobs(
     else:
         output = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
     logits = output.logits[:, -(width - start + 1) : -1].float()
-    if temperature > 0:
-        logits = logits / temperature
+    if any(t > 0 and t != 1 for t in temperatures):  # 0 is greedy: unscaled logits, as in the agent
+        scale = torch.tensor([t if t > 0 else 1.0 for t in temperatures], dtype=logits.dtype, device=logits.device)
+        logits = logits / scale.view(-1, 1, 1)
     targets = input_ids[:, start:].unsqueeze(-1)
     picked = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     out = torch.cat([torch.zeros_like(picked[:, :1]).expand(-1, start), picked], dim=1)
