@@ -141,8 +141,9 @@ def test_math_verify_works_off_the_main_thread():
     thread.join()
     assert results[0].reward == 1.0, results
     assert asyncio.run(math.ascore("", "0.4", {"answer": "0.5"})).reward == 0.0
+    math.check_task({"answer": r"\sqrt{2}/2"})  # bare LaTeX is read as LaTeX (issue 41)
     with pytest.raises(TaskFieldError, match="cannot parse"):
-        math.check_task({"answer": r"\sqrt{2}/2"})
+        math.check_task({"answer": "First add them, then halve the sum."})
 
 
 def test_math_verify_is_bounded_by_its_own_timeout_off_the_main_thread(monkeypatch):

@@ -28,7 +28,7 @@ from .base import (
 from .checks import ExactMatch, FormatRegex, Numeric, normalize, parse_number
 from .code import CodeVerifier
 from .extract import EXTRACTIONS, check_extraction, code_block, extract_answer, last_boxed, last_number
-from .mathverify import MathVerifier, math_equal
+from .mathverify import MathVerifier, latex_form, math_equal, math_parse
 from .rubric import Rubric, UnscorableError
 from .trl_reward import TRLReward
 
@@ -53,7 +53,9 @@ __all__ = [
     "extract_answer",
     "last_boxed",
     "last_number",
+    "latex_form",
     "math_equal",
+    "math_parse",
     "normalize",
     "parse_number",
     "reference",
