@@ -39,6 +39,17 @@ The rule (:meth:`Episode.check` and the pipeline enforce it): an episode is
 finite per-token and final rewards."""
 
 
+class StepError(Exception):
+    """Raised by an env's ``_step_episode`` to end the episode as ``error`` and keep what the step decided: the message
+    is the episode's ``error`` as it is (no class name put in front), ``info`` the last turn's info (the ``infos``
+    column), which a failed step otherwise leaves empty. E.g. a verifier that raised: the extracted answer, and which
+    function raised what."""
+
+    def __init__(self, message: str, info: Mapping[str, Any]) -> None:
+        super().__init__(message)
+        self.info = dict(info)
+
+
 def is_number(value: Any) -> bool:
     """A real number that is not a bool (``True`` is an int to Python, never a reward here); NaN and inf included."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
@@ -313,7 +324,7 @@ class Episode:
         """The ``info`` of the episode's last agent turn (what the env's ``_step_episode`` returned for it, with the
         recorder's ``unplaced_reward`` and a group hook's ``group_reward`` where they apply) as JSON text
         (:func:`info_json`); ``None`` when it is empty: no turn, a step that returned no info, or a step that failed
-        (an ``error`` episode: see ``error``)."""
+        (an ``error`` episode: see ``error``) other than by a :class:`StepError`, whose ``info`` is kept."""
         return info_json(self.turns[-1].info) if self.turns else None
 
     def check(self) -> None:

@@ -25,3 +25,19 @@ async def async_says_quarter(prompts, completions, **kwargs):
         text = c if isinstance(c, str) else c[0]["content"]
         out.append(float("1/4" in prompt and "quarter" in text))
     return out
+
+
+def partial_unless_right(prompts, completions, **kwargs):
+    """A partial reward (0.2) for any completion, full marks (1.0) for one that says "right"."""
+    texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
+    return [1.0 if "right" in t else 0.2 for t in texts]
+
+
+def cannot_score(prompts, completions, **kwargs):
+    """Raises, as a reward function with a bug does."""
+    raise ValueError(f"cannot score {completions[0]}")
+
+
+async def async_cannot_score(prompts, completions, **kwargs):
+    """Raises from an ``async def`` function."""
+    raise KeyError("solution")

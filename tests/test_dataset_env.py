@@ -311,6 +311,40 @@ def test_a_trl_function_named_by_a_row_is_code_and_needs_allowing(tokenizer):
     assert validate_tasks(Dataset.from_list([row]), allowed_env_modules=["hfr_rewards"])
 
 
+def trl_tasks(function, **env_config):
+    row = {
+        "env_class_path": "hf_rollouts.envs.dataset.DatasetEnv",
+        "env_config": {"verifier": {"name": "trl", "function": function}, **env_config},
+        "task_data": {"prompt": "What is 6 + 7?", "answer": "13"},
+    }
+    return Dataset.from_list([row])
+
+
+def test_a_partial_trl_reward_is_partial_not_solved_and_the_retries_go_on(tokenizer):
+    """Issue 41: a TRL reward below full marks (1.0; the verifier's ``full_marks``) is not a pass: ``solved`` is false
+    and, with max_turns > 1, the env gives feedback and another try; only full marks end the episode early."""
+    from hf_rollouts.verify import TRLReward
+
+    verdict = TRLReward("hfr_rewards.partial_unless_right").score("meh", None, {"prompt": "q"})
+    assert verdict.reward == 0.2 and not verdict.passed
+    assert verdict.reason == "hfr_rewards.partial_unless_right gave 0.2 of 1"
+    assert TRLReward("hfr_rewards.partial_unless_right", full_marks=0.2).score("meh", None, {"prompt": "q"}).passed
+    tasks = trl_tasks("hfr_rewards.partial_unless_right", max_turns=3)
+
+    def play_with(agent):
+        return generate_rollouts(
+            tasks, agent, 1, tokenizer=tokenizer, progress=False, allowed_env_modules=["hfr_rewards"]
+        )
+
+    never = play_with(ScriptedAgent(["meh"]))
+    assert never["num_turns"] == [[3]] and never["solved"] == [[False]]
+    assert never["final_rewards"][0][0] == pytest.approx(0.2)  # stored as float32
+    info = json.loads(never["infos"][0][0])
+    assert info["try"] == 3 and info["solved"] is False and "gave 0.2 of 1" in info["reason"]
+    late = play_with(ScriptedAgent(["meh", "right"]))
+    assert late["num_turns"] == [[2]] and late["solved"] == [[True]] and late["final_rewards"] == [[1.0]]
+
+
 # -- the CLI end to end: a json file of GSM8K-format rows -------------------------------------------------------------
 def test_cli_from_a_json_file_to_rollouts(tmp_path, capsys):
     source = tmp_path / "gsm8k.jsonl"

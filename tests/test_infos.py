@@ -228,3 +228,30 @@ def test_a_sandboxed_code_task_stores_each_reason_a_test_failed_or_timed_out(tok
     assert failed["reason"] == "code: a test failed (test 0): AssertionError"
     assert failed["components"][0]["info"]["passed_tests"] == 0
     assert "timeout" in looped["reason"] and looped["components"][0]["info"]["status"] == "timeout"
+
+
+@pytest.mark.parametrize("function", ["hfr_rewards.cannot_score", "hfr_rewards.async_cannot_score"])
+def test_a_reward_function_that_raises_is_named_in_the_error_and_the_infos(tokenizer, tmp_path, function):
+    """Issue 41: the episode is an error whose text names the function's import path, the exception and the last line
+    of its traceback; the same text is in ``infos``, with the extracted answer and the try."""
+    row = {
+        "env_class_path": "hf_rollouts.envs.dataset.DatasetEnv",
+        "env_config": {"verifier": [{"name": "exact"}, {"name": "trl", "function": function}]},
+        "task_data": {"prompt": "What is 6 + 7?", "answer": "13"},
+    }
+    out = generate_rollouts(
+        to_task_dataset([row]),
+        ScriptedAgent(["13"]),
+        1,
+        tokenizer=tokenizer,
+        cache_dir=tmp_path,
+        progress=False,
+        allowed_env_modules=["hfr_rewards"],
+    )
+    assert out["statuses"] == [["error"]] and out["solved"] == [[False]] and math.isnan(out["final_rewards"][0][0])
+    error = out["errors"][0][0]
+    raised = "ValueError: cannot score 13" if function.endswith(".cannot_score") else "KeyError: 'solution'"
+    where = 'ValueError(f"cannot score' if function.endswith(".cannot_score") else 'KeyError("solution")'
+    assert error.startswith(f"RewardFunctionError: reward function {function} raised {raised} (")
+    assert "hfr_rewards.py:" in error and f" in {function.split('.')[-1]}: raise {where}" in error, error
+    assert infos(out) == [[{"answer": "13", "error": error, "try": 1, "solved": False}]]

@@ -122,6 +122,10 @@ def test_plain_verifiers_and_their_task_checks():
     assert numeric.score("", "$1,000.004", {"answer": 1000}).reward == 1.0
     assert numeric.score("", "1/2", {"answer": "0.5"}).reward == 1.0
     assert numeric.score("", "abc", {"answer": "0.5"}).reason == "'abc' is not a number"
+    # numbers in reasons are exact (issue 41: a wrong 7-digit answer read "1.23457e+06 is not 1.23457e+06")
+    assert Numeric().score("", "1234567", {"answer": "1234568"}).reason == "1234567 is not 1234568"
+    assert Numeric(abs_tol=0).score("", "0.1000001", {"answer": 0.1}).reason == "0.1000001 is not 0.1"
+    assert Numeric(abs_tol=0).score("", "1e-7", {"answer": "1.5e20"}).reason == "1e-07 is not 150000000000000000000"
     for verifier, task, match in [
         (exact, {"question": "q"}, "lacks"),
         (exact, {"answer": "  "}, "empty"),
@@ -141,8 +145,9 @@ def test_math_verify_works_off_the_main_thread():
     thread.join()
     assert results[0].reward == 1.0, results
     assert asyncio.run(math.ascore("", "0.4", {"answer": "0.5"})).reward == 0.0
+    math.check_task({"answer": r"\sqrt{2}/2"})  # bare LaTeX is read as LaTeX (issue 41)
     with pytest.raises(TaskFieldError, match="cannot parse"):
-        math.check_task({"answer": r"\sqrt{2}/2"})
+        math.check_task({"answer": "First add them, then halve the sum."})
 
 
 def test_math_verify_is_bounded_by_its_own_timeout_off_the_main_thread(monkeypatch):

@@ -11,7 +11,8 @@ every token goes through an :class:`~.recorder.EpisodeRecorder`.
 
 Statuses: the environment ended the game → ``done``; ``max_turns`` or
 ``max_episode_tokens`` ran out first → ``truncated``; an exception → ``error`` with its
-message, the partial trajectory and a NaN final reward (``on_error="raise"`` re-raises).
+message, the partial trajectory and a NaN final reward (``on_error="raise"`` re-raises); a
+:class:`~hf_rollouts.types.StepError` keeps its ``info`` on the last turn.
 Each hook call is timed by the episode's :class:`HookClock`, which the engine reads to enforce
 ``step_timeout`` and ``episode_timeout``.
 
@@ -41,7 +42,7 @@ from typing import Any, Protocol
 from ..agents.base import Agent
 from ..aio import ENGINE_LOOP, resolve
 from ..chat import ChatDelta
-from ..types import Action, AgentRequest, Episode, reward_rule_violation
+from ..types import Action, AgentRequest, Episode, StepError, reward_rule_violation
 from .recorder import EpisodeRecorder
 from .tool_loop import agent_turn, turns_left
 
@@ -265,6 +266,10 @@ def episode_steps(
             if on_error == "raise":
                 raise
             status, final, error = "error", math.nan, f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, StepError):  # the step's own account: its message, its info on the turn
+                error = str(exc)
+                if rec.turns:
+                    rec.turns[-1].info = exc.info
         if state is not _NO_STATE:
             released = True  # whatever happens next, the finally below does not close it again
             problem = yield from _release(env, clock, session_id, state)

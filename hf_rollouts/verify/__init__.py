@@ -25,12 +25,12 @@ from .base import (
     split_spec,
     verifier_class,
 )
-from .checks import ExactMatch, FormatRegex, Numeric, normalize, parse_number
+from .checks import ExactMatch, FormatRegex, Numeric, normalize, parse_number, show_number
 from .code import CodeVerifier
 from .extract import EXTRACTIONS, check_extraction, code_block, extract_answer, last_boxed, last_number
-from .mathverify import MathVerifier, math_equal
+from .mathverify import MathVerifier, latex_form, math_equal, math_parse
 from .rubric import Rubric, UnscorableError
-from .trl_reward import TRLReward
+from .trl_reward import RewardFunctionError, TRLReward
 
 __all__ = [
     "EXTRACTIONS",
@@ -40,6 +40,7 @@ __all__ = [
     "FormatRegex",
     "MathVerifier",
     "Numeric",
+    "RewardFunctionError",
     "Rubric",
     "TRLReward",
     "TaskFieldError",
@@ -53,11 +54,14 @@ __all__ = [
     "extract_answer",
     "last_boxed",
     "last_number",
+    "latex_form",
     "math_equal",
+    "math_parse",
     "normalize",
     "parse_number",
     "reference",
     "register_verifier",
+    "show_number",
     "split_spec",
     "verifier_class",
 ]

@@ -35,8 +35,10 @@ class Verdict:
     """What a verifier decided about one reply.
 
     ``reward``: a finite float (most verifiers give 0.0 or 1.0). ``reason``: why it is not full marks (no answer
-    found, wrong value, a failed test, a timeout), ``None`` when it passed. ``info``: JSON-able details (what was
-    compared, each rubric component)."""
+    found, wrong value, a failed test, a timeout, a partial reward), ``None`` only when it has full marks: a verifier
+    gives a reason with every reward below its full marks (1.0 for the shipped ones; a TRL reward function's
+    ``full_marks``), so :attr:`passed` (the dataset env's ``solved``) never counts a partial reward. ``info``: JSON-able
+    details (what was compared, each rubric component)."""
 
     reward: float
     reason: str | None = None
@@ -44,7 +46,7 @@ class Verdict:
 
     @property
     def passed(self) -> bool:
-        """Full marks: no reason against it."""
+        """Full marks: no reason against it (a rubric: every component passed)."""
         return self.reason is None
 
 

@@ -26,6 +26,13 @@ def normalize(text: Any, case_sensitive: bool = False) -> str:
     return out if case_sensitive else out.casefold()
 
 
+def show_number(value: float) -> str:
+    """``value`` printed exactly, for a reason: an integral float as the integer it is (``1234567``, not
+    ``1.23457e+06``), any other with ``repr`` (the shortest text that reads back as the same float: ``0.1``,
+    ``1e-07``, ``nan``)."""
+    return str(int(value)) if math.isfinite(value) and value.is_integer() else repr(value)
+
+
 def accepted(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
@@ -98,7 +105,7 @@ class Numeric(Verifier):
             return Verdict(0.0, f"{answer!r:.80} is not a number", {"expected": refs})
         if any(math.isclose(given, r, rel_tol=self.rel_tol, abs_tol=self.abs_tol) for r in refs if r is not None):
             return Verdict(1.0, None, {"value": given})
-        return Verdict(0.0, f"{given:g} is not {refs[0]:g}", {"value": given, "expected": refs})
+        return Verdict(0.0, f"{show_number(given)} is not {show_number(refs[0])}", {"value": given, "expected": refs})
 
 
 @register_verifier("format")
@@ -123,4 +130,4 @@ class FormatRegex(Verifier):
         return Verdict(0.0, f"the reply does not match the format /{self.pattern}/")
 
 
-__all__ = ["ExactMatch", "FormatRegex", "Numeric", "normalize", "parse_number"]
+__all__ = ["ExactMatch", "FormatRegex", "Numeric", "normalize", "parse_number", "show_number"]

@@ -13,6 +13,15 @@ A TRL reward function is ``f(prompts, completions, **kwargs) -> list[float | Non
 and turns a ``None`` reward into NaN: that function does not score that completion. An ``async def`` function is
 awaited.
 
+**Full marks.** A reward of at least ``full_marks`` (default 1.0, what TRL's ``accuracy_reward`` gives a right
+answer) passes: no reason, ``solved`` true. Any reward below it is partial, whatever its sign: the verdict keeps the
+reward and says ``"<function> gave 0.2 of 1.0"``, so ``solved`` is false and the dataset env's retries go on.
+
+**A function that raises** makes the verdict raise :class:`RewardFunctionError`, whose message names the function's
+import path, the exception and the last line of its traceback (file, line, function and source), e.g.
+``reward function my_rewards.accuracy raised ValueError: cannot score 13 (my_rewards.py:12 in accuracy: raise
+ValueError(...))``; the dataset env records it as the episode's ``error`` and in its ``infos``.
+
 This verifier makes that call with a batch of one: ``prompts=[task["prompt"]]`` (the rendered prompt),
 ``completions=[reply]`` (or ``[[{"role": "assistant", "content": reply}]]`` when conversational),
 ``completion_ids=[ids]``, every other ``task_data`` key as a one-item list, ``trainer_state=None`` (there is no
@@ -33,12 +42,14 @@ import hashlib
 import importlib
 import inspect
 import math
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..aio import THREADS
 from .base import Verdict, Verifier, VerifierConfigError, register_verifier
+from .checks import show_number
 
 TRL_RESERVED = ("prompt", "completion", "completion_ids")
 """Row keys TRL does not pass on as keyword arguments (they are ``prompts``, ``completions``, ``completion_ids``)."""
@@ -52,6 +63,23 @@ def split_function_path(path: Any) -> tuple[str, str]:
     return module, name
 
 
+class RewardFunctionError(RuntimeError):
+    """A TRL reward function raised; the message names it by import path, with the exception and the last line of
+    its traceback (:func:`raised`)."""
+
+
+def raised(function: str, exc: BaseException) -> RewardFunctionError:
+    """The :class:`RewardFunctionError` for ``exc`` raised by the reward function at import path ``function``: the
+    exception's type and message, and where it was raised (the traceback's last frame: file, line, function, source
+    line)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = ""
+    if frames:
+        last = frames[-1]
+        where = f" ({last.filename}:{last.lineno} in {last.name}" + (f": {last.line})" if last.line else ")")
+    return RewardFunctionError(f"reward function {function} raised {type(exc).__name__}: {exc}{where}")
+
+
 def conversational(prompt: Any) -> bool:
     """TRL's test: a prompt that is a list of ``{"role", "content"}`` messages."""
     return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], Mapping) and "role" in prompt[0]
@@ -63,10 +91,12 @@ class TRLReward(Verifier):
     """A TRL reward function (``function``: its import path) as a verifier; see the module docstring.
 
     ``conversational``: ``None`` (default) follows the prompt, as TRL does (a list of messages is conversational);
-    ``True`` makes a string prompt ``[{"role": "user", "content": prompt}]`` and the reply an assistant message."""
+    ``True`` makes a string prompt ``[{"role": "user", "content": prompt}]`` and the reply an assistant message.
+    ``full_marks``: the reward at or above which a completion passes (``solved``); below it a reward is partial."""
 
     function: str
     conversational: bool | None = None
+    full_marks: float = 1.0
     _func: Callable[..., Any] | None = field(default=None, init=False, repr=False, compare=False)
     _tokenizer: Any = field(default=None, init=False, repr=False, compare=False)
 
@@ -78,6 +108,14 @@ class TRLReward(Verifier):
             raise VerifierConfigError("function", f"verifier 'trl': cannot import {self.function!r} ({exc}).") from exc
         if not callable(func):
             raise VerifierConfigError("function", f"verifier 'trl': {self.function!r} is not callable.")
+        if isinstance(self.full_marks, bool) or not isinstance(self.full_marks, (int, float)):
+            raise VerifierConfigError(
+                "full_marks", f"verifier 'trl': full_marks must be a number, got {self.full_marks!r}."
+            )
+        if not math.isfinite(self.full_marks):
+            raise VerifierConfigError(
+                "full_marks", f"verifier 'trl': full_marks must be finite, got {self.full_marks!r}."
+            )
         object.__setattr__(self, "_func", func)
 
     @classmethod
@@ -85,7 +123,7 @@ class TRLReward(Verifier):
         return [split_function_path(options.get("function"))[0]]
 
     def options(self) -> dict[str, Any]:
-        return {"function": self.function, "conversational": self.conversational}
+        return {"function": self.function, "conversational": self.conversational, "full_marks": self.full_marks}
 
     def fingerprint(self) -> str:
         """The base fingerprint plus a hash of the function's source file (editing it invalidates cached rollouts)."""
@@ -140,11 +178,28 @@ class TRLReward(Verifier):
             )
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
             raise ValueError(f"TRL reward function {self.function!r} returned {reward!r}, not a finite number or None.")
-        return Verdict(float(reward), None if reward > 0 else f"{self.function} gave {reward:g}", info)
+        if reward >= self.full_marks:
+            return Verdict(float(reward), None, info)
+        gave = f"{self.function} gave {show_number(float(reward))} of {show_number(float(self.full_marks))}"
+        return Verdict(float(reward), gave, info)
+
+    def call(self, kwargs: dict[str, Any]) -> Any:
+        """The function called with ``kwargs``; what it raises comes back as a :class:`RewardFunctionError`."""
+        try:
+            return self._func(**kwargs)
+        except Exception as exc:
+            raise raised(self.function, exc) from exc
+
+    async def acall(self, kwargs: dict[str, Any]) -> Any:
+        """:meth:`call` of an ``async def`` function, awaited."""
+        try:
+            return await self._func(**kwargs)
+        except Exception as exc:
+            raise raised(self.function, exc) from exc
 
     def score(self, reply: str, answer: str | None, task: Mapping[str, Any]) -> Verdict:
         logged: dict[str, Any] = {}
-        out = self._func(**self.arguments(reply, task, logged))
+        out = self.call(self.arguments(reply, task, logged))
         if inspect.isawaitable(out):
             raise RuntimeError(f"{self.function} is async: await ascore() instead of calling score().")
         return self.verdict(out, logged)
@@ -155,8 +210,8 @@ class TRLReward(Verifier):
         logged: dict[str, Any] = {}
         kwargs = self.arguments(reply, task, logged)
         if inspect.iscoroutinefunction(self._func):
-            return self.verdict(await self._func(**kwargs), logged)
-        return self.verdict(await asyncio.wrap_future(THREADS.submit(lambda: self._func(**kwargs))), logged)
+            return self.verdict(await self.acall(kwargs), logged)
+        return self.verdict(await asyncio.wrap_future(THREADS.submit(lambda: self.call(kwargs))), logged)
 
 
-__all__ = ["TRLReward", "conversational"]
+__all__ = ["RewardFunctionError", "TRLReward", "conversational", "raised"]

@@ -14,7 +14,8 @@ verdict.
 ``system_prompt``, ``prompt_template`` and ``max_turns`` (default 1).
 
 **Tries and their reward.** Each agent turn is a try: the answer is extracted and the rubric's ``ascore`` awaited
-(on the engine's loop, so a slow verifier overlaps generation). A try that passes (every component with full marks)
+(on the engine's loop, so a slow verifier overlaps generation). A try that passes (every component with full marks:
+``Verdict.passed``; a partial reward, such as a format reward alone or a TRL reward function's 0.2, is not a pass)
 ends the episode; so does the last try (``max_turns``). Before that, a wrong try gets the verifier's reason back as
 the next user turn (``feedback``) and another try. **Only the final try is rewarded**: its rubric reward times
 ``retry_discount ** (tries - 1)`` (default 1.0: a late right answer counts in full; 0.5 halves it per extra try);
@@ -23,7 +24,10 @@ earlier tries get 0, so partial credit (a format reward) is never collected once
 ``info`` of every try: ``answer`` (extracted, ``None`` when none was found), ``reward`` (the rubric's, before the
 discount), ``reason`` (why it is not full marks; ``None`` when it passed), ``components`` (each verifier's name,
 weight, reward, reason and details), ``try`` (1-based) and ``solved``. A verifier that raises makes the episode
-``error`` with its message; a reply every verifier declines to score (TRL's ``None``) too.
+``error`` with its message (a TRL reward function's names its import path, the exception and the last line of its
+traceback: :class:`~hf_rollouts.verify.trl_reward.RewardFunctionError`), and the try's ``info`` is then ``answer``,
+``error`` (the same text), ``try`` and ``solved`` (false): a :class:`~hf_rollouts.types.StepError`. A reply every
+verifier declines to score (TRL's ``None``) too.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...types import StepError
 from ...verify import (
     EXTRACTIONS,
     Rubric,
@@ -208,7 +213,11 @@ class DatasetEnv(MultistepEnv):
         self, session_id: str, state: DatasetEpisode, action: str
     ) -> tuple[DatasetEpisode, float, bool, dict[str, Any]]:
         answer = self.extract(action)
-        verdict = await self.rubric.ascore(action, answer, state.task)
+        try:
+            verdict = await self.rubric.ascore(action, answer, state.task)
+        except Exception as exc:  # the episode is an error; its infos still say what was scored and what raised
+            error = f"{type(exc).__name__}: {exc}"
+            raise StepError(error, {"answer": answer, "error": error, "try": state.tries + 1, "solved": False}) from exc
         state.tries += 1
         state.verdicts.append(verdict)
         solved = verdict.passed
