@@ -54,6 +54,7 @@ from ..chat.tool_turns import ToolTurns
 from ..rollout import DEFAULT_ENV_WORKERS, apply_group_rewards, pad_task, play_groups, run_episode, task_groups
 from ..rollout.tool_loop import ToolLimits
 from ..schema import to_task_dataset
+from ..task_json import decode_task_value
 from ..tools import Tool, Toolbox, run_tool_calls
 from ..types import ToolCall, ToolResult
 from .config import EnvConfig, UnknownConfigKeyWarning
@@ -342,6 +343,7 @@ class MultistepEnv(ABC):
         With ``on_error="raise"`` exceptions propagate. The env's group rewards are applied with the episode as
         its own group (there is no other rollout of the task here).
         """
+        task_data = decode_task_value(task_data, "task_data")  # a dict, or a task row's stored JSON text
         episode = run_episode(self, session_id, agent, task_data, on_error=on_error)
         return apply_group_rewards(self, task_data, [episode], on_error=on_error)[0].to_dict()  # a group of one
 
@@ -369,7 +371,7 @@ class MultistepEnv(ABC):
         if num_rollouts < 1:
             raise ValueError(f"num_rollouts must be >= 1, got {num_rollouts}.")
         groups = play_groups(
-            task_groups(self, task_data_list, num_rollouts),
+            task_groups(self, [decode_task_value(t, "task_data") for t in task_data_list], num_rollouts),
             agent,
             max_concurrency=max_concurrency,
             on_error=on_error,

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from datasets import Dataset
 
-from ..schema import TASK_COLUMNS, TaskValidationError
+from ..schema import TASK_COLUMNS, TaskValidationError, decode_task_columns
 from .base import MultistepEnv, unknown_keys_message
 from .config import EnvConfigError, UnknownConfigKeyWarning
 from .public_names import home_module, public_class_path
@@ -207,16 +207,12 @@ def validate_task_rows(
             "Each row needs env_class_path (str), env_config (dict) and task_data (dict); "
             "build rows with an env's get_train_dataset() or hf_rollouts.schema.TASK_FEATURES."
         )
+    columns = decode_task_columns(columns, first_row)  # JSON text (or an earlier version's dicts) -> dicts
     classes: dict[str, type[MultistepEnv]] = {}
     checked: set[tuple[str, str]] = set()
     warned: set[tuple[str, tuple[str, ...]]] = set()
     for i, values in enumerate(zip(*(columns[c] for c in TASK_COLUMNS)), start=first_row):
         row = dict(zip(TASK_COLUMNS, values))
-        for field in ("env_config", "task_data"):
-            if not isinstance(row[field], dict):
-                raise TaskValidationError(
-                    f"row {i}: field {field!r} must be a dict, got {type(row[field]).__name__} ({row[field]!r:.80})."
-                )
         path, config = row["env_class_path"], row["env_config"]
         if path not in classes:
             classes[path] = resolve_env_class(path, allowed, where=f"row {i}, field 'env_class_path'")

@@ -24,7 +24,7 @@ from typing import Any
 
 from datasets import Dataset, DatasetDict, Features, load_dataset
 
-from ...schema import TASK_COLUMNS, TASK_FEATURES, TaskValidationError
+from ...schema import TASK_COLUMNS, TASK_FEATURES, TaskValidationError, encode_task_row
 from ...sources import load_dataset_source
 from ...verify import Rubric, TaskFieldError, check_extraction, extract_answer
 from ..config import EnvConfigError
@@ -93,10 +93,18 @@ class TaskRows:
 
     @staticmethod
     def features(dataset: Dataset) -> Features:
-        """The map's output features: ``dataset``'s plus the task columns (``Json``, exact for any dict)."""
+        """The map's output features: ``dataset``'s plus the task columns (:data:`~hf_rollouts.schema.TASK_FEATURES`:
+        ``env_config`` and ``task_data`` as JSON text that ``json.loads`` gives back exactly, floats to the last bit
+        and integers of any size)."""
         return Features({**{k: v for k, v in dataset.features.items() if k not in TASK_COLUMNS}, **TASK_FEATURES})
 
     def __call__(self, row: Mapping[str, Any], index: int | None = None) -> dict[str, Any]:
+        """The task columns of ``row`` as stored (``env_config`` / ``task_data`` as exact JSON text)."""
+        where = "row" if index is None else f"row {index}"
+        return encode_task_row(self.task_row(row, index), where)
+
+    def task_row(self, row: Mapping[str, Any], index: int | None = None) -> dict[str, Any]:
+        """The task columns of ``row`` with ``env_config`` / ``task_data`` as dicts."""
         where = "row" if index is None else f"row {index}"
         for column in self.needed_columns():
             if column not in row:
@@ -156,7 +164,7 @@ def to_task_rows(dataset: Dataset, **options: Any) -> Dataset:
         )
     rubric = Rubric.from_specs(rows.env_config.get("verifier", "exact"))
     for i, row in enumerate(dataset.select_columns(rows.needed_columns()) if len(dataset) else []):
-        task = rows(row, i)["task_data"]
+        task = rows.task_row(row, i)["task_data"]
         try:
             rubric.check_task(task)
         except TaskFieldError as exc:
