@@ -142,7 +142,7 @@ def _dataset_tasks(args):
     options = dict(prompt_column=prompt_column, answer_column=answer_column, prompt_template=args.prompt_template)
     options.update(answer_extraction=args.answer_extraction, tests_column=args.tests_column, columns=args.column)
     try:
-        return to_task_rows(ds, **options, env_config=config)
+        return to_task_rows(ds, **options, env_config=config, allowed_env_modules=args.allow_env_module)
     except ValueError as exc:  # a bad option (extraction, template); bad rows are TaskValidationErrors
         if isinstance(exc, user_errors()):
             raise
@@ -236,11 +236,14 @@ def cmd_generate(argv: list[str]) -> int:
     from .publish import compute_stats, push_rollouts, render_card, save_rollouts, with_logprob_dtype
     from .sources import load_dataset_source
 
-    tasks = (
-        _make_tasks(args.env, args.split, args.num_tasks, args.env_config, args.allow_env_module)
-        if args.env
-        else load_dataset_source(args.tasks)
-    )
+    n = args.num_tasks
+    if args.env:
+        tasks = _make_tasks(args.env, args.split, 8 if n is None else n, args.env_config, args.allow_env_module)
+    elif n is not None and n < 1:
+        raise UsageError(f"--num-tasks must be at least 1, got {n}.")
+    else:  # --num-tasks: the first rows, as `tasks --from-dataset --num-tasks` takes them
+        tasks = load_dataset_source(args.tasks)
+        tasks = tasks if n is None else tasks.select(range(min(n, len(tasks))))
     import warnings
 
     from .agents.loading import ModelNotFoundError

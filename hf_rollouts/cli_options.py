@@ -98,7 +98,10 @@ class GenerateArgs:
     tasks: str | None = field(
         default=None, metadata={"help": "Or read tasks from a save_to_disk dir, parquet file(s) or Hub dataset id."}
     )
-    num_tasks: int = field(default=8, metadata={"help": "Tasks to make with --env."})
+    num_tasks: int | None = field(
+        default=None,
+        metadata={"help": "With --env: tasks to make (default 8). With --tasks: play the first N rows (default: all)."},
+    )
     split: str = field(default="train", metadata={"help": "Split to make with --env.", "choices": ["train", "eval"]})
     env_config: str | None = field(default=None, metadata={"help": "JSON env_config for --env."})
     chat_template_kwargs: str | None = field(

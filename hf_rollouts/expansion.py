@@ -27,8 +27,9 @@ from .envs.base import MultistepEnv
 from .envs.config import UnknownConfigKeyWarning
 from .fingerprint import canonical
 from .rollout import DEFAULT_ENV_WORKERS, EpisodeGroup, pad_task, play_groups, task_groups
-from .schema import ROLLOUT_FEATURES, TaskValidationError
+from .schema import ROLLOUT_FEATURES, TaskValidationError, as_task_dataset
 from .seeding import derive_seed
+from .task_json import decode_task_value, encode_task_value
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,8 @@ class EnvCache:
     def fingerprints(self) -> dict[str, Any]:
         return {f"{path}|{config}": env.fingerprint() for (path, config), env in sorted(self._envs.items())}
 
-    def get(self, path: str, config: dict[str, Any]) -> MultistepEnv:
+    def get(self, path: str, config: dict[str, Any] | str) -> MultistepEnv:
+        config = decode_task_value(config, "env_config")  # a dict, or a task row's stored JSON text
         key = (path, canonical(config))
         if key not in self._envs:
             with warnings.catch_warnings():  # validate_tasks already warned, naming the row
@@ -183,10 +185,14 @@ def with_chat_template_kwargs(tasks: Dataset, kwargs: dict[str, Any] | None) -> 
     if not isinstance(kwargs, dict):
         raise TypeError(f"chat_template_kwargs must be a dict of template options, got {type(kwargs).__name__}.")
 
-    def merge(row: dict[str, Any]) -> dict[str, Any]:
-        return {"env_config": merge_chat_template_kwargs(row["env_config"], kwargs)}
+    tasks = as_task_dataset(tasks)
 
-    return tasks.map(merge, features=tasks.features, desc="chat_template_kwargs")
+    def merge(row: dict[str, Any], i: int) -> dict[str, Any]:
+        where = f"row {i}: field 'env_config'"
+        config = merge_chat_template_kwargs(decode_task_value(row["env_config"], where), kwargs)
+        return {"env_config": encode_task_value(config, where)}
+
+    return tasks.map(merge, with_indices=True, features=tasks.features, desc="chat_template_kwargs")
 
 
 class TaskToolTemplateError(TaskValidationError, ToolTemplateError):

@@ -54,7 +54,8 @@ from .expansion import (
     rollout_columns,
 )
 from .fingerprint import canonical, tokenizer_fingerprint
-from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_stored
+from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_stored, decode_task_columns
+from .task_json import encode_task_value
 
 _MAP_ONLY = ("batch_size", "shard_size")
 """RolloutOptions fields that belong to generate_rollouts' own shards, not to a map function."""
@@ -174,7 +175,7 @@ class RolloutMap:
             )
         _check_columns(list(base))
         if isinstance(tasks, Dataset):
-            rows = validate_rows = tasks.select_columns(list(TASK_COLUMNS))[:]
+            rows = validate_rows = decode_task_columns(tasks.select_columns(list(TASK_COLUMNS))[:])
             if self.chat_template_kwargs:
                 validate_rows = {**rows, "env_config": [self._merge(c) for c in rows["env_config"]]}
             self._envs.classes.update(validate_tasks(tasks, self.allowed_env_modules, self.allowed_env_models))
@@ -193,17 +194,21 @@ class RolloutMap:
             raise TypeError("rollout_map works on batches: call tasks.map(fn, batched=True, with_indices=True, ...).")
         indices = [int(i) for i in indices]
         _check_columns(list(batch.keys()))
-        rows = {name: list(batch[name]) for name in TASK_COLUMNS}
-        if self.chat_template_kwargs:
-            rows["env_config"] = [self._merge(config) for config in rows["env_config"]]
         if not indices:
             return {name: [] for name in ROLLOUT_FEATURES}
+        stored = {name: list(batch[name]) for name in TASK_COLUMNS}
+        rows = decode_task_columns(stored, indices[0])  # JSON text (or an earlier version's Json() dicts) -> dicts
+        if self.chat_template_kwargs:
+            rows["env_config"] = [self._merge(config) for config in rows["env_config"]]
         self._validate(rows, indices[0])
         prepare_rows(self._envs, rows, first_row=indices[0])
         groups = play_rows(rows, indices, self._envs, self.agent, self.opts, max_concurrency=self.opts.max_concurrency)
         out = as_stored(rollout_columns(groups, self.tokenizer.pad_token_id))  # as Dataset.map would store them
-        if self.chat_template_kwargs:
-            out["env_config"] = rows["env_config"]
+        if self.chat_template_kwargs:  # stored as the batch stored it: JSON text, or dicts (a Json() column)
+            out["env_config"] = [
+                encode_task_value(config, f"row {i}: field 'env_config'") if isinstance(old, str) else config
+                for i, old, config in zip(indices, stored["env_config"], rows["env_config"])
+            ]
         return out
 
     def _merge(self, config: dict[str, Any] | None) -> dict[str, Any]:

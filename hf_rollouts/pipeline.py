@@ -82,7 +82,7 @@ from .expansion import (
 )
 from .fingerprint import rollout_fingerprint
 from .paths import rollout_cache_dir
-from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_task_dataset
+from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_task_dataset, decode_task_columns
 from .shard_cache import ShardCacheError
 from .shard_task import RolloutShardTask
 
@@ -168,7 +168,7 @@ def generate_rollouts(
             "stored)."
         )
     envs = EnvCache(classes, tokenizer)
-    rows = tasks.select_columns(list(TASK_COLUMNS))[:]  # the columns the envs read, decoded once
+    rows = decode_task_columns(tasks.select_columns(list(TASK_COLUMNS))[:])  # what the envs read, decoded once
     prepare_rows(envs, rows)
 
     fingerprint = rollout_fingerprint(tasks, agent_fingerprint, tokenizer, opts, envs.fingerprints())

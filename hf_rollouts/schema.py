@@ -1,9 +1,11 @@
 """The data contracts: task rows in, rollout columns out. Every column is declared here, once.
 
 A task row is ``{env_class_path: str, env_config: dict, task_data: dict}``. The two
-dicts are stored with ``datasets.Json()`` so a dataset mixing environments keeps each
-row's dicts exactly (a plain dict column would become an Arrow struct with the union
-of all rows' keys, handing each env ``None`` for the others').
+dicts are stored as JSON text (:mod:`hf_rollouts.task_json`: ``json.loads(row["task_data"])`` gives the dict back
+exactly, floats to the last bit and integers of any size), so a dataset mixing environments keeps each row's dicts
+exactly (a plain dict column would become an Arrow struct with the union of all rows' keys, handing each env
+``None`` for the others'; ``datasets.Json()``, used before, rounds floats to 10 digits). Every reader of the library
+takes either form (:func:`decode_task_columns`), so datasets written with ``Json()`` columns still load and play.
 
 :data:`ROLLOUT_COLUMNS` declares every column the pipeline adds to a task row: its
 Arrow type, the :class:`~hf_rollouts.types.Episode` field it comes from, its padding
@@ -13,11 +15,14 @@ card, the statistics and training all read this one declaration.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Union
 
 import pyarrow as pa
-from datasets import Dataset, DatasetDict, Features, Json, List, Value, concatenate_datasets
+from datasets import Dataset, DatasetDict, Features, List, Value, concatenate_datasets
+
+from .task_json import TaskValueError, decode_task_value, encode_task_value
 
 __all__ = [
     "Column",
@@ -27,14 +32,24 @@ __all__ = [
     "TASK_FEATURES",
     "TaskValidationError",
     "as_task_dataset",
+    "decode_task_columns",
+    "decode_task_row",
+    "encode_task_row",
+    "to_task_dataset",
 ]
 
 TASK_COLUMNS = ("env_class_path", "env_config", "task_data")
-TASK_FEATURES = Features({"env_class_path": Value("string"), "env_config": Json(), "task_data": Json()})
+JSON_COLUMNS = ("env_config", "task_data")
+"""The task columns stored as JSON text (:mod:`hf_rollouts.task_json`)."""
+TASK_FEATURES = Features(
+    {"env_class_path": Value("string"), "env_config": Value("string"), "task_data": Value("string")}
+)
+"""The stored task columns: the env class path, and ``env_config`` / ``task_data`` as exact JSON text (read a row's
+dicts with ``json.loads`` or :func:`decode_task_row`)."""
 TASK_COLUMN_HELP = {
     "env_class_path": "environment class that played the task",
-    "env_config": "JSON config passed to the environment's `__init__`",
-    "task_data": "JSON task passed to `_initialize_episode`",
+    "env_config": "config passed to the environment's `__init__`, as JSON text (`json.loads` it)",
+    "task_data": "task passed to `_initialize_episode`, as JSON text (`json.loads` it)",
 }
 
 LOGPROB_CONVENTION_KEY = "hf_rollouts_logprob_convention"
@@ -260,17 +275,102 @@ def require_columns(ds: Dataset, columns: tuple[str, ...] = TRAINING_COLUMNS) ->
         )
 
 
+def encode_task_row(row: dict[str, Any], where: str = "row") -> dict[str, Any]:
+    """``row`` with ``env_config`` / ``task_data`` as their stored JSON text (:func:`~hf_rollouts.task_json.
+    encode_task_value`); text already there is checked and kept. :class:`TaskValidationError` names ``where``, the
+    field and what was given."""
+    out = dict(row)
+    for name in JSON_COLUMNS:
+        try:
+            value = decode_task_value(row.get(name), f"{where}: field {name!r}")
+            out[name] = encode_task_value(value, f"{where}: field {name!r}")
+        except TaskValueError as exc:
+            raise TaskValidationError(str(exc)) from exc
+    return out
+
+
+def decode_task_row(row: dict[str, Any], where: str = "row") -> dict[str, Any]:
+    """``row`` with ``env_config`` / ``task_data`` as dicts (from JSON text, or as they are when a dataset written
+    by an earlier version decoded them already); other columns as they are."""
+    out = dict(row)
+    for name in JSON_COLUMNS:
+        if name in row:
+            try:
+                out[name] = decode_task_value(row[name], f"{where}: field {name!r}")
+            except TaskValueError as exc:
+                raise TaskValidationError(str(exc)) from exc
+    return out
+
+
+def decode_task_columns(columns: dict[str, list], first_row: int = 0) -> dict[str, list]:
+    """Task columns (``{name: [value per row]}``: a batch, or ``ds.select_columns(...)[:]``) with ``env_config`` /
+    ``task_data`` decoded to dicts (:func:`decode_task_row`); errors name the row by its absolute index, counting
+    from ``first_row``."""
+    out = dict(columns)
+    for name in JSON_COLUMNS:
+        if name in columns:
+            values = []
+            for i, value in enumerate(columns[name], start=first_row):
+                try:
+                    values.append(decode_task_value(value, f"row {i}: field {name!r}"))
+                except TaskValueError as exc:
+                    raise TaskValidationError(str(exc)) from exc
+            out[name] = values
+    return out
+
+
+def _is_stored(features: Features) -> bool:
+    return all(features.get(name) == TASK_FEATURES[name] for name in JSON_COLUMNS)
+
+
+def _stored_columns(ds: Dataset) -> dict[str, list[str]]:
+    """``ds``'s JSON columns as stored JSON text. A ``datasets.Json()`` column (an earlier version's) is read from
+    its Arrow storage and re-encoded exactly from that text (``datasets`` would parse it with ujson, losing a
+    float's last bit and turning integers beyond 64 bits into text); a struct column (``Dataset.from_list`` of
+    dicts) as it decodes (a struct holds the union of all rows' keys: a key a row lacked reads as ``None``)."""
+    out = {}
+    for name in JSON_COLUMNS:
+        if type(ds.features[name]).__name__ == "Json":
+            column = ds.with_format("arrow")[name]
+            chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+            values = [v for chunk in chunks for v in getattr(chunk, "storage", chunk).to_pylist()]
+            # Json() stored a dict holding an integer beyond 64 bits as a JSON string of its JSON text (its
+            # cast_storage re-encodes text that ujson cannot parse): unwrap that one level
+            values = [json.loads(v) if isinstance(v, str) and v.startswith('"') else v for v in values]
+        else:
+            values = ds[name]
+        encoded = []
+        for i, value in enumerate(values):
+            where = f"row {i}: field {name!r}"
+            try:
+                encoded.append(encode_task_value(decode_task_value(value, where), where))
+            except TaskValueError as exc:
+                raise TaskValidationError(str(exc)) from exc
+        out[name] = encoded
+    return out
+
+
 def to_task_dataset(rows: list[dict[str, Any]]) -> Dataset:
-    """Build a task dataset with the canonical features from a list of task-row dicts."""
-    return Dataset.from_list(rows, features=TASK_FEATURES)
+    """Build a task dataset with the canonical features (:data:`TASK_FEATURES`) from a list of task-row dicts
+    (``env_config`` / ``task_data`` as dicts, or their JSON text); :class:`TaskValidationError` names the row, the
+    field and the value JSON cannot hold exactly."""
+    encoded = [encode_task_row(row, f"row {i}") for i, row in enumerate(rows)]
+    return Dataset.from_list([{c: row.get(c) for c in TASK_COLUMNS} for row in encoded], features=TASK_FEATURES)
 
 
 def as_task_dataset(tasks: Any) -> Dataset:
-    """``tasks`` as a :class:`~datasets.Dataset`: a Dataset as is; a list of task-row dicts or a
-    pandas DataFrame converted (``env_config``/``task_data`` kept exactly, as ``Json``; other
-    columns inferred). Anything else is a ``TypeError`` saying how to convert it."""
+    """``tasks`` as a :class:`~datasets.Dataset` with the stored task columns (:data:`TASK_FEATURES`): a Dataset whose
+    ``env_config`` / ``task_data`` are JSON text as is; one with ``datasets.Json()`` columns (written by an earlier
+    version) or dict (struct) columns converted, its other columns kept; a list of task-row dicts or a pandas
+    DataFrame converted (other columns inferred). Anything else is a ``TypeError`` saying how to convert it."""
     if isinstance(tasks, Dataset):
-        return tasks
+        if _is_stored(tasks.features) or any(name not in tasks.column_names for name in JSON_COLUMNS):
+            return tasks
+        stored = _stored_columns(tasks)
+        rest = tasks.remove_columns(list(JSON_COLUMNS))
+        for name in JSON_COLUMNS:
+            rest = rest.add_column(name, stored[name], feature=TASK_FEATURES[name])
+        return rest.select_columns(tasks.column_names)
     if type(tasks).__module__.startswith("pandas") and hasattr(tasks, "to_dict"):
         rows = tasks.to_dict("records")
     elif isinstance(tasks, (list, tuple)):
@@ -288,7 +388,7 @@ def as_task_dataset(tasks: Any) -> Dataset:
                 f"row {i} is a {type(row).__name__}, not a dict; a task row is "
                 "{'env_class_path': str, 'env_config': dict, 'task_data': dict}."
             )
-    core = Dataset.from_list([{c: row.get(c) for c in TASK_COLUMNS} for row in rows], features=TASK_FEATURES)
+    core = to_task_dataset(rows)
     extra_names = sorted({k for row in rows for k in row if k not in TASK_COLUMNS})
     if not extra_names or not rows:
         return core

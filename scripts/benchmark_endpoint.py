@@ -169,7 +169,7 @@ def endpoint_part(args, tokenizer) -> None:
         def play(k: int) -> None:
             row, r = divmod(k, args.rollouts)
             session, seed = f"row{row}/task0/rollout{r}", derive_seed(derive_seed(0, row), 0, r)  # (i)'s seeds
-            results[k] = run_episode(env, session, b, tasks[row]["task_data"], seed=seed)
+            results[k] = run_episode(env, session, b, json.loads(tasks[row]["task_data"]), seed=seed)
 
         t = time.perf_counter()
         threads = [threading.Thread(target=play, args=(k,)) for k in range(episodes)]
@@ -389,7 +389,7 @@ def waiting_part(args, tokenizer) -> None:
     spec = f"openai:{server.url}#m"
     config = {"max_turns": turns, "gamemaster": "agent", "gamemaster_model": spec}
     env = TwentyQuestionsEnv(tokenizer, config)
-    tq = env.get_train_dataset(tasks_n)["task_data"]
+    tq = [json.loads(t) for t in env.get_train_dataset(tasks_n)["task_data"]]
     asker = ScriptedAgent(["Is it alive?"])
     print(
         f"\nTwenty Questions, LLM gamemaster over HTTP ({d * 1000:.0f} ms per answer), "

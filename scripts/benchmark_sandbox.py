@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 
@@ -36,7 +37,7 @@ def rate(backend: str, concurrency: int, rows) -> float:
     sandbox = Sandbox(SandboxLimits(), max_concurrency=concurrency, backend=backend)
 
     async def all_of():
-        jobs = [r["task_data"] for r in rows]
+        jobs = [json.loads(r["task_data"]) for r in rows]
         programs = [f"{t['code_prefix']}\n{r['canonical_solution']}\n" for t, r in zip(jobs, rows)]
         return await asyncio.gather(
             *[sandbox.arun("tests", p, t["test"], entry_point=t["entry_point"]) for p, t in zip(programs, jobs)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -27,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_card_contents(tokenizer, tmp_path):
     env = MastermindEnv(tokenizer, {"max_turns": 2})
     tasks = env.get_train_dataset(2)
-    code = tasks[0]["task_data"]["code"]
+    code = json.loads(tasks[0]["task_data"])["code"]
     agent = ScriptedAgent([" ".join(map(str, code))], fail_at={3})  # task 0 solved, one task-1 episode errors
     ds = generate_rollouts(tasks, agent, 2, tokenizer=tokenizer, cache_dir=tmp_path, progress=False, max_concurrency=1)
     stats = compute_stats(ds)
@@ -119,7 +120,7 @@ def test_cli_tasks_generate_inspect(tmp_path, capsys):
         == 0
     )
     tasks = load_from_disk(str(tasks_dir))
-    assert len(tasks) == 3 and tasks[0]["env_config"] == {"max_turns": 2}
+    assert len(tasks) == 3 and json.loads(tasks[0]["env_config"]) == {"max_turns": 2}
     args = [
         "generate",
         "--tasks",
@@ -233,8 +234,10 @@ def test_cli_textarena_tasks(tmp_path):
         == 0
     )
     rows = load_from_disk(str(tmp_path / "t")).to_list()
-    assert [r["env_config"]["env_id"] for r in rows] == ["GuessTheNumber-v0"] * 2
-    assert rows[0]["env_class_path"].endswith("TextArenaEnv") and isinstance(rows[0]["task_data"]["seed"], int)
+    assert [json.loads(r["env_config"])["env_id"] for r in rows] == ["GuessTheNumber-v0"] * 2
+    assert rows[0]["env_class_path"].endswith("TextArenaEnv") and isinstance(
+        json.loads(rows[0]["task_data"])["seed"], int
+    )
 
 
 def test_cli_openai_spec_builds_the_endpoint_agent(tiny, tmp_path):

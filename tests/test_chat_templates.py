@@ -453,11 +453,13 @@ def test_cli_chat_template_kwargs_go_into_each_rows_env_config_and_win(tmp_path)
 
     rows = [{"env_class_path": "x.Y", "env_config": {"chat_template_kwargs": {"a": 0, "b": 2}}, "task_data": {}}]
     merged = with_chat_template_kwargs(to_task_dataset(rows), {"a": 1})
-    assert merged[0]["env_config"]["chat_template_kwargs"] == {"a": 1, "b": 2}  # the flag wins over the row
+    assert json.loads(merged[0]["env_config"])["chat_template_kwargs"] == {"a": 1, "b": 2}  # the flag wins over the row
     args = ["generate", "--env", "guess_number", "--num-tasks", "1", "--num-rollouts", "1", "--max-new-tokens", "4"]
     args += ["--chat-template-kwargs", '{"enable_thinking": false}', "--output", str(tmp_path / "g")]
     assert main([*args, "--cache-dir", str(tmp_path / "c")]) == 0
-    assert load_from_disk(str(tmp_path / "g"))[0]["env_config"]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert json.loads(load_from_disk(str(tmp_path / "g"))[0]["env_config"])["chat_template_kwargs"] == {
+        "enable_thinking": False
+    }
 
 
 def test_gpt_oss_analysis_then_final_is_stored_as_sampled(tiny, tokenizer, recording):

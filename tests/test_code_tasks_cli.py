@@ -57,15 +57,21 @@ def test_mbpp_rows_from_a_file_through_the_cli_to_rollouts_with_reasons(tmp_path
     tasks = load_from_disk(str(tasks_dir))
     assert tasks["task_id"] == [11, 17]  # the file's columns are kept
     row = tasks[1]
-    assert row["task_data"] == {
+    assert json.loads(row["task_data"]) == {
         "prompt": "Write a function to find the perimeter of a square. Your code should pass this test: "
         "assert square_perimeter(10)==40",
         "test": MBPP[1]["test_list"],
     }
-    assert row["env_config"] == {"verifier": {"name": "code", "wall_time": 5}, "extraction": "code", "max_turns": 2}
-    code = build_verifier(row["env_config"]["verifier"])  # the rows' own verifier: the reference code passes
-    assert code.score("", row["code"], row["task_data"]).passed
-    assert code.score("", "def square_perimeter(a):\n    return a", row["task_data"]).reason.startswith(
+    assert json.loads(row["env_config"]) == {
+        "verifier": {"name": "code", "wall_time": 5},
+        "extraction": "code",
+        "max_turns": 2,
+    }
+    code = build_verifier(
+        json.loads(row["env_config"])["verifier"]
+    )  # the rows' own verifier: the reference code passes
+    assert code.score("", row["code"], json.loads(row["task_data"])).passed
+    assert code.score("", "def square_perimeter(a):\n    return a", json.loads(row["task_data"])).reason.startswith(
         "a test failed (test 0)"
     )
 
@@ -95,7 +101,7 @@ def test_humaneval_shaped_rows_through_the_cli(tmp_path, capsys):
     source = write_jsonl(tmp_path / "he.jsonl", rows)
     argv = ["tasks", "--from-dataset", str(source), "--tests-column", "test", "--column", "entry_point"]
     assert main([*argv, "--output", str(tmp_path / "t")]) == 0
-    task = load_from_disk(str(tmp_path / "t"))[0]["task_data"]
+    task = json.loads(load_from_disk(str(tmp_path / "t"))[0]["task_data"])
     assert task == {"entry_point": "add", "prompt": rows[0]["prompt"], "test": rows[0]["test"]}
     code = build_verifier("code")
     assert code.score("", "def add(a, b):\n    return a + b", task).passed
@@ -128,7 +134,7 @@ def test_tests_column_in_python_its_defaults_and_refusals():
     rows = to_task_rows(
         mbpp, prompt_column="text", answer_column=None, tests_column="test_list", env_config={"extraction": "whole"}
     )
-    assert rows[0]["env_config"] == {"verifier": "code", "extraction": "whole"}  # a key you give wins
+    assert json.loads(rows[0]["env_config"]) == {"verifier": "code", "extraction": "whole"}  # a key you give wins
     with pytest.raises(ValueError, match="both the answer and the tests column"):
         to_task_rows(mbpp, prompt_column="text", answer_column="test_list", tests_column="test_list")
     with pytest.raises(TaskValidationError, match="answer_column=None"):

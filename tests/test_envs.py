@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from hf_rollouts import ScriptedAgent
@@ -23,16 +25,16 @@ def test_registered_env_contract(name, tokenizer):
     train, eval_ = env.get_train_dataset(), env.get_eval_dataset()
     assert train.features == TASK_FEATURES and len(train) > 0 and len(eval_) > 0
     assert {r["env_class_path"] for r in train} == {class_path(cls)}
-    train_tasks = {str(t) for t in train["task_data"]}
-    assert train_tasks.isdisjoint(str(t) for t in eval_["task_data"])  # disjoint splits
+    train_tasks = {str(t) for t in map(json.loads, train["task_data"])}
+    assert train_tasks.isdisjoint(str(t) for t in map(json.loads, eval_["task_data"]))  # disjoint splits
     again = cls(tokenizer, {"seed": 3, "max_turns": 2}).get_train_dataset()
     assert again["task_data"] == train["task_data"]  # deterministic under the seed
     other = cls(tokenizer, {"seed": 4, "max_turns": 2}).get_train_dataset()
     assert other["task_data"] != train["task_data"]
     assert len(env.get_train_dataset(num_tasks=3)) == 3
     # episode state lives in per-episode objects: two live episodes don't share anything
-    s1 = env._initialize_episode("a", train[0]["task_data"])
-    s2 = env._initialize_episode("b", train[1]["task_data"])
+    s1 = env._initialize_episode("a", json.loads(train[0]["task_data"]))
+    s2 = env._initialize_episode("b", json.loads(train[1]["task_data"]))
     assert s1 is not s2 and env._format_prompt(s1, 0)
     out = env.run_trial(train["task_data"][:2], ScriptedAgent(["hello"]), num_rollouts=2)
     assert len(out["statuses"]) == 4 and all(s in ("done", "truncated") for s in out["statuses"])
@@ -126,9 +128,9 @@ def test_twenty_questions_dataset_rows(tokenizer):
     kb = KnowledgeBase.load()
     basic = TwentyQuestionsEnv(tokenizer, {}).get_train_dataset()
     hard = TwentyQuestionsEnv(tokenizer, {"hardcore": True}).get_eval_dataset()
-    assert basic[0]["env_class_path"].endswith("TwentyQuestionsEnv") and basic[0]["env_config"] == {}
-    assert all(set(t) == {"solution"} and t["solution"] in kb.basic for t in basic["task_data"])
-    assert all(t["solution"] in kb.hardcore for t in hard["task_data"])
+    assert basic[0]["env_class_path"].endswith("TwentyQuestionsEnv") and json.loads(basic[0]["env_config"]) == {}
+    assert all(set(t) == {"solution"} and t["solution"] in kb.basic for t in map(json.loads, basic["task_data"]))
+    assert all(t["solution"] in kb.hardcore for t in map(json.loads, hard["task_data"]))
 
 
 def test_twenty_questions_episode(tokenizer):

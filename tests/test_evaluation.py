@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -31,7 +32,7 @@ class AnswersSeven(ScriptedAgent):
 def test_evaluate_agent_counts_wins_over_every_episode(tokenizer, tmp_path):
     env = ArithmeticEnv(tokenizer, {})
     tasks = env.get_eval_dataset(40)
-    sevens = sum(1 for t in tasks["task_data"] if t["a"] + t["b"] == 7)
+    sevens = sum(1 for t in map(json.loads, tasks["task_data"]) if t["a"] + t["b"] == 7)
     assert 0 < sevens < 40
     result = evaluate_agent(tasks, AnswersSeven(), 2, seed=0, cache_dir=tmp_path, tokenizer=tokenizer)
     assert result.episodes == 80 and result.errors == 0 and result.successes == 2 * sevens

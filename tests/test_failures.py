@@ -11,6 +11,7 @@ tokenizer's template, and for each real template family in
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import re
@@ -277,7 +278,7 @@ def test_a_shard_replaced_by_another_valid_shard_is_redone(tokenizer, tmp_path):
     files[1].write_bytes(files[0].read_bytes())
     with pytest.warns(UserWarning, match=files[1].name):
         again = run(tasks, ScriptedAgent(["1"]), tokenizer, tmp_path)
-    assert [t["target"] for t in again["task_data"]] == [3, 5, 7, 9]  # was [3, 5, 3, 5]
+    assert [json.loads(t)["target"] for t in again["task_data"]] == [3, 5, 7, 9]  # was [3, 5, 3, 5]
     assert again.to_list() == first
 
 
@@ -511,7 +512,10 @@ def test_tasks_as_a_list_or_a_dataframe_are_accepted(tokenizer, tmp_path):
     for tasks in (rows, __import__("pandas").DataFrame(rows)):
         ds = run(tasks, ScriptedAgent(["5"]), tokenizer, tmp_path)
         assert ds["final_rewards"] == expected == [[1.0], [0.0]]
-        assert ds["note"] == ["a", "b"] and ds["env_config"] == [{"high": 5}, {}]  # configs kept exactly
+        assert ds["note"] == ["a", "b"] and [json.loads(c) for c in ds["env_config"]] == [
+            {"high": 5},
+            {},
+        ]  # configs kept exactly
     with pytest.raises(TypeError, match="to_task_dataset"):
         run({"env_class_path": GUESS}, ScriptedAgent(["5"]), tokenizer, tmp_path)
 

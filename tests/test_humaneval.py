@@ -4,6 +4,7 @@ solutions pass, empty and wrong ones fail, and rollout runs over it complete wit
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -30,7 +31,7 @@ def verifier():
 
 def verdicts(verifier, rows, code_of):
     async def all_of():
-        return await asyncio.gather(*[verifier.ascore("", code_of(row), row["task_data"]) for row in rows])
+        return await asyncio.gather(*[verifier.ascore("", code_of(row), json.loads(row["task_data"])) for row in rows])
 
     return ENGINE_LOOP.call(all_of())
 
@@ -38,8 +39,11 @@ def verdicts(verifier, rows, code_of):
 def test_rows_are_humaneval_task_rows(tasks):
     assert len(tasks) == 164
     row = tasks[0]
-    assert row["task_id"] == "HumanEval/0" and row["env_config"] == {"verifier": "code", "extraction": "code"}
-    task = row["task_data"]
+    assert row["task_id"] == "HumanEval/0" and json.loads(row["env_config"]) == {
+        "verifier": "code",
+        "extraction": "code",
+    }
+    task = json.loads(row["task_data"])
     assert task["entry_point"] == "has_close_elements" and task["code_prefix"] in task["prompt"]
     assert "def check(candidate)" in task["test"]
 
@@ -76,7 +80,7 @@ def fenced(row) -> str:
 
 def test_a_rollout_run_over_humaneval_records_statuses_and_rewards(tasks, tokenizer, tmp_path):
     rows = tasks.select(range(6))
-    by_prompt = {row["task_data"]["prompt"]: row for row in rows}
+    by_prompt = {json.loads(row["task_data"])["prompt"]: row for row in rows}
 
     def reply(messages):  # the canonical solution for even problems, a wrong one for odd ones
         row = by_prompt[messages[-1]["content"]]
@@ -91,7 +95,7 @@ def test_a_rollout_run_over_humaneval_records_statuses_and_rewards(tasks, tokeni
 
 def test_the_reason_of_a_zero_is_in_the_turn_info(tasks, tokenizer):
     row = tasks[2]
-    env = DatasetEnv(tokenizer, row["env_config"])
+    env = DatasetEnv(tokenizer, json.loads(row["env_config"]))
     wrong = env._run_complete_episode("s", ScriptedAgent([f"```python\n{WRONG}```"]), row["task_data"])
     info = wrong["turns"][0].info
     assert wrong["status"] == "done" and wrong["final_reward"] == 0.0
@@ -121,7 +125,7 @@ def test_smollm2_plays_humaneval_end_to_end(tasks, tmp_path):
     rows = tasks.select(range(4))
     out = generate_rollouts(rows, agent, 2, cache_dir=tmp_path, progress=False, seed=0)
     assert [s for row in out["statuses"] for s in row] == ["done"] * 8
-    env = DatasetEnv(agent.tokenizer, rows[0]["env_config"])
+    env = DatasetEnv(agent.tokenizer, json.loads(rows[0]["env_config"]))
     reasons = []
     for row in rows:
         episode = env._run_complete_episode("s", agent, row["task_data"])

@@ -3,6 +3,7 @@ through a fingerprint that never pickles the model; rows are validated; the row-
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -242,7 +243,7 @@ def test_chat_template_kwargs_are_recorded_like_generate_rollouts(tasks, tokeniz
     fn = rollout_map(agent, 1, tokenizer=tokenizer, chat_template_kwargs=kwargs)
     out = tasks.map(fn, batched=True, batch_size=16, with_indices=True, features=fn.features(tasks))
     assert out.to_list() == reference.to_list()
-    assert all(c["chat_template_kwargs"] == kwargs for c in out["env_config"])
+    assert all(json.loads(c)["chat_template_kwargs"] == kwargs for c in out["env_config"])
     for name in ROLLOUT_FEATURES:
         assert out.features[name] == ROLLOUT_FEATURES[name]
     assert np.isfinite([r for row in out["final_rewards"] for r in row]).all()

@@ -9,6 +9,7 @@ start here, every test is skipped with the reason (shown by pytest -ra).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -32,6 +33,7 @@ from hf_rollouts.envs.guess_number import GuessNumberEnv
 from hf_rollouts.envs.mastermind import MastermindEnv
 from hf_rollouts.executors import LocalExecutor, RayExecutor, ShardFailedError
 from hf_rollouts.pipeline import generate_rollouts
+from hf_rollouts.schema import to_task_dataset
 from hf_rollouts.shard_cache import ShardFile
 
 # Before ray is imported (it reads them then): with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 every Ray listener and
@@ -82,9 +84,14 @@ def cluster():
         pytest.skip(skip)
 
 
+EXACT = {"third": 1 / 3, "tiny": 1e-300, "neg_zero": -0.0, "big": 2**70, "nested": [{"é": None}, {}], "u": "☃"}
+"""Task values that must cross to the workers and back exactly (issue 41, item 4): floats to the bit, any int."""
+
+
 @pytest.fixture()
 def tasks(tokenizer):
     a = MastermindEnv(tokenizer, {"max_turns": 3}).get_train_dataset(3)
+    a = to_task_dataset([{**r, "task_data": {**json.loads(r["task_data"]), "exact": EXACT}} for r in a])
     b = GuessNumberEnv(tokenizer, {"max_turns": 2, "high": 4}).get_train_dataset(3)
     return concatenate_datasets([a, b])
 
@@ -122,6 +129,7 @@ def test_ray_equals_local_and_runs_resume_across_executors(cluster, tasks, tmp_p
     executor = RayExecutor(num_workers=2)
     remote = run(tasks, agent, tmp_path / "ray", executor)
     assert remote.features == local.features
+    assert [repr(json.loads(t)["exact"]) for t in remote["task_data"][:3]] == [repr(EXACT)] * 3
     for column in local.column_names:
         assert remote[column] == local[column], column
     report = executor.report

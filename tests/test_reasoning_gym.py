@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -36,9 +37,13 @@ def test_check_env_single_and_multi_attempt(tokenizer):
 def test_tasks_are_recipes_with_disjoint_seeds(tokenizer):
     env = ReasoningGymEnv(tokenizer, CONFIG)
     train, evaluation = env.get_train_dataset(5), env.get_eval_dataset(3)
-    assert train[0]["task_data"] == {"seed": train[0]["task_data"]["seed"], "size": 5, "index": 0}
-    (ts,) = {t["seed"] for t in train["task_data"]}
-    (es,) = {t["seed"] for t in evaluation["task_data"]}
+    assert json.loads(train[0]["task_data"]) == {
+        "seed": json.loads(train[0]["task_data"])["seed"],
+        "size": 5,
+        "index": 0,
+    }
+    (ts,) = {t["seed"] for t in map(json.loads, train["task_data"])}
+    (es,) = {t["seed"] for t in map(json.loads, evaluation["task_data"])}
     assert abs(ts - es) >= 2**30 - 5  # Random(seed + index) ranges never meet
     assert ReasoningGymEnv(tokenizer, CONFIG).get_train_dataset(5)["task_data"] == train["task_data"]
     assert env.fingerprint()["reasoning-gym"] == "0.1.25"
@@ -63,7 +68,7 @@ def test_entry_is_regenerated_so_structured_answers_still_score(tokenizer):
     import reasoning_gym
 
     env = ReasoningGymEnv(tokenizer, {"dataset": "arc_agi"})
-    task = env.get_train_dataset(1)[0]["task_data"]
+    task = json.loads(env.get_train_dataset(1)[0]["task_data"])
     entry = reasoning_gym.create_dataset("arc_agi", seed=task["seed"], size=task["size"])[task["index"]]
     ep = env._run_complete_episode("s", ScriptedAgent([f"<answer>{entry['answer']}</answer>"]), task)
     assert ep["status"] == "done" and ep["final_reward"] == 1.0
@@ -86,7 +91,7 @@ def test_nested_configs_are_built_as_reasoning_gym_builds_them(dataset, dataset_
     """Config fields that are dataclasses (composite's DatasetSpecs, ARC's BoardFormattingOptions) arrive as JSON
     dicts; they are built into those classes (as composite's from_yaml does), and the right answer scores 1.0."""
     env = ReasoningGymEnv(tokenizer, {"dataset": dataset, "dataset_config": dataset_config})
-    task = env.get_train_dataset(2)[1]["task_data"]
+    task = json.loads(env.get_train_dataset(2)[1]["task_data"])
     entry = env.dataset_of(task)[task["index"]]
     assert shown in entry["question"]
     ep = env._run_complete_episode("s", ScriptedAgent([f"<answer>{entry['answer']}</answer>"]), task)
@@ -95,7 +100,7 @@ def test_nested_configs_are_built_as_reasoning_gym_builds_them(dataset, dataset_
 
 def test_multi_attempt_feedback_then_success(tokenizer):
     env = ReasoningGymEnv(tokenizer, {**CONFIG, "max_attempts": 3})
-    task = env.get_train_dataset(1)[0]["task_data"]
+    task = json.loads(env.get_train_dataset(1)[0]["task_data"])
     script = iter(["I do not know", "<answer>-999999</answer>"])
     agent = ScriptedAgent(lambda messages: next(script, None) or arithmetic_solver(messages))
     ep = env._run_complete_episode("s", agent, task)
@@ -112,7 +117,7 @@ def test_recipe_without_seed_and_library_failures_are_errors(tokenizer, monkeypa
     env = ReasoningGymEnv(tokenizer, CONFIG)
     ep = env._run_complete_episode("s", ScriptedAgent(["<answer>1</answer>"]), {"size": 3, "index": 0})
     assert ep["status"] == "error" and "explicit seed" in ep["error"] and math.isnan(ep["final_reward"])
-    task = env.get_train_dataset(1)[0]["task_data"]
+    task = json.loads(env.get_train_dataset(1)[0]["task_data"])
     dataset = env.dataset_of(task)
 
     def broken(answer, entry):
@@ -153,4 +158,4 @@ def test_cli_short_name(tmp_path):
     assert main(["tasks", "--env", "reasoning_gym:basic_arithmetic", "--num-tasks", "3", "--output", str(out)]) == 0
     ds = load_from_disk(str(out))
     assert ds[0]["env_class_path"] == "hf_rollouts.envs.reasoning_gym.env.ReasoningGymEnv"
-    assert ds[0]["env_config"] == {"dataset": "basic_arithmetic"} and len(ds) == 3
+    assert json.loads(ds[0]["env_config"]) == {"dataset": "basic_arithmetic"} and len(ds) == 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sqlite3
@@ -160,7 +161,7 @@ def test_check_env_and_dataset_files(tokenizer, tmp_path):
     config = {"env_class": "gsm8k", "train_data": str(tmp_path / "train.parquet")}
     env = SkyRLGymEnv(tokenizer, config)
     train = env.get_train_dataset(4)
-    assert len(train) == 4 and train[0]["task_data"]["extras"]["reward_spec"]["ground_truth"] == "14"
+    assert len(train) == 4 and json.loads(train[0]["task_data"])["extras"]["reward_spec"]["ground_truth"] == "14"
     assert len(env.get_train_dataset()) == 6  # only this env_class's rows
     tasks = [skyrl_task(r) for r in gsm8k_rows(3)]
     assert check_env(SkyRLGymEnv, tokenizer, tasks=tasks, env_config={"env_class": "gsm8k"}).steps == 3

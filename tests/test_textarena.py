@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 import re
@@ -148,11 +149,18 @@ def test_train_and_eval_seeds_are_disjoint_and_reproducible(tokenizer):
     env = _env(tokenizer, "Mastermind-v0", seed=3)
     train, eval_ = env.get_train_dataset(200), env.get_eval_dataset(50)
     assert train[0]["env_class_path"] == class_path(TextArenaEnv) == "hf_rollouts.envs.textarena.env.TextArenaEnv"
-    assert train[0]["env_config"] == {"env_id": "Mastermind-v0", "seed": 3}
-    tr, ev = [t["seed"] for t in train["task_data"]], [t["seed"] for t in eval_["task_data"]]
+    assert json.loads(train[0]["env_config"]) == {"env_id": "Mastermind-v0", "seed": 3}
+    tr, ev = (
+        [t["seed"] for t in map(json.loads, train["task_data"])],
+        [t["seed"] for t in map(json.loads, eval_["task_data"])],
+    )
     assert len(set(tr)) == 200 and len(set(ev)) == 50 and set(tr).isdisjoint(ev)
-    assert [t["seed"] for t in _env(tokenizer, "Mastermind-v0", seed=3).get_train_dataset(20)["task_data"]] == tr[:20]
-    assert [t["seed"] for t in _env(tokenizer, "Mastermind-v0", seed=4).get_train_dataset(20)["task_data"]] != tr[:20]
+    assert [
+        t["seed"] for t in map(json.loads, _env(tokenizer, "Mastermind-v0", seed=3).get_train_dataset(20)["task_data"])
+    ] == tr[:20]
+    assert [
+        t["seed"] for t in map(json.loads, _env(tokenizer, "Mastermind-v0", seed=4).get_train_dataset(20)["task_data"])
+    ] != tr[:20]
     assert len(_env(tokenizer, "Mastermind-v0", num_eval_tasks=7).get_eval_dataset()) == 7
 
 
@@ -160,7 +168,10 @@ def test_disjoint_games_option(tokenizer):
     env = _env(tokenizer, "GuessTheNumber-v0", disjoint_games=True, num_eval_tasks=5)
 
     def numbers(ds):
-        return [env._initialize_episode("s", t).core.state.game_state["game_number"] for t in ds["task_data"]]
+        return [
+            env._initialize_episode("s", t).core.state.game_state["game_number"]
+            for t in map(json.loads, ds["task_data"])
+        ]
 
     ev, tr = numbers(env.get_eval_dataset()), numbers(env.get_train_dataset(10))
     assert len(set(ev)) == 5 and len(set(tr)) == 10 and set(ev).isdisjoint(tr)

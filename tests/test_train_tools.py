@@ -43,7 +43,7 @@ def test_demonstrations_are_token_exact_rows_whose_agent_mask_is_the_demonstrato
     callers = winners = 0
     for row in rows:
         conv = template_messages(rollouts["conversations"][row["group_id"]][row["rollout_index"]])
-        task = rollouts["task_data"][row["group_id"]]
+        task = json.loads(rollouts["task_data"][row["group_id"]])
         ids, mask = row["input_ids"], row["agent_mask"]
         # token-exact: the row is the chat template's render of the stored conversation (plus its final "\n")
         rendered = tok.apply_chat_template(conv, tools=env.chat.tools, tokenize=False)

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from hf_rollouts.envs.guess_number import GuessNumberEnv
 from hf_rollouts.pipeline import generate_rollouts
 from hf_rollouts.publish import parquet_files, save_rollouts
-from hf_rollouts.schema import ROLLOUT_FEATURES, TASK_FEATURES
+from hf_rollouts.schema import ROLLOUT_FEATURES, TASK_FEATURES, encode_task_row
 from hf_rollouts.training import (
     FLAT_FEATURES,
     RolloutCollator,
@@ -109,6 +109,7 @@ def handmade_rollouts() -> Dataset:
         )
     unknown = set(ROLLOUT_FEATURES) - set(rows[0])
     assert not unknown, f"ROLLOUT_FEATURES gained {unknown}: give the handmade rollouts these columns too"
+    rows = [encode_task_row(row) for row in rows]  # env_config / task_data as stored: JSON text
     return Dataset.from_list(rows, features=Features({**TASK_FEATURES, **ROLLOUT_FEATURES}))
 
 
@@ -249,7 +250,7 @@ def test_constant_groups_dropped_and_counted():
 def test_unflattened_rows_keep_the_task_layout_with_kept_rollouts_only():
     prepared = prepare_rollouts(handmade_rollouts(), drop_constant_groups=True)
     ds = prepared.dataset
-    assert len(ds) == 2 and ds["task_data"] == [{"target": 1}, {"target": 3}]
+    assert len(ds) == 2 and [json.loads(t) for t in ds["task_data"]] == [{"target": 1}, {"target": 3}]
     first = ds[0]
     assert first["rollout_indices"] == [0, 1] and first["statuses"] == ["done", "truncated"]
     assert first["padded_full_token_ids"][1] == [21, 22, 23, 24, P, P]  # still padded to the task's width

@@ -56,7 +56,9 @@ def test_single_turn_scripted_solver_and_tiny_model(tokenizer, tiny, tmp_path):
 
     env = VerifiersEnv(tokenizer, {"env_id": "hfr-vf-arith"})
     tasks = env.get_train_dataset(4)
-    assert tasks[0]["task_data"]["answer"] and tasks[0]["task_data"]["prompt"][0]["role"] == "user"
+    assert (
+        json.loads(tasks[0]["task_data"])["answer"] and json.loads(tasks[0]["task_data"])["prompt"][0]["role"] == "user"
+    )
     out = generate_rollouts(tasks, scripted(adder, tokenizer), 2, cache_dir=tmp_path / "a", progress=False,
                             allowed_env_modules=ALLOW)  # fmt: skip
     assert flat(out, "statuses") == ["done"] * 8 and flat(out, "final_rewards") == [1.0] * 8
@@ -69,7 +71,7 @@ def test_single_turn_scripted_solver_and_tiny_model(tokenizer, tiny, tmp_path):
 def test_multi_turn_env_response_and_its_own_turn_limit(tokenizer):
     env = VerifiersEnv(tokenizer, {"env_id": "hfr-vf-arith", "env_args": {"kind": "multi"}})
     assert env.max_turns == 5  # the env's own
-    task = env.get_train_dataset(1)[0]["task_data"]
+    task = json.loads(env.get_train_dataset(1)[0]["task_data"])
     won = env._run_complete_episode("s", ScriptedAgent(bisect_solver), task)
     assert won["status"] == "done" and won["final_reward"] == 1.0 and won["num_turns"] <= 4
     assert {m["content"] for m in won["messages"][2::2]} <= {"Higher.", "Lower."}
@@ -98,7 +100,7 @@ def test_group_rubric_scores_the_whole_group(tokenizer, tmp_path):
 
 def test_reward_function_errors_are_episode_errors(tokenizer):
     env = VerifiersEnv(tokenizer, {"env_id": "hfr-vf-arith", "env_args": {"kind": "broken"}})
-    task = env.get_train_dataset(1)[0]["task_data"]
+    task = json.loads(env.get_train_dataset(1)[0]["task_data"])
     ep = env._run_complete_episode("s", ScriptedAgent(adder), task)
     assert ep["status"] == "error" and "reward function 'broken' raised KeyError" in ep["error"]
     assert math.isnan(ep["final_reward"])
@@ -156,7 +158,9 @@ def test_tool_env_calls_run_by_verifiers_token_exact(tokenizer, tmp_path):
     tool_text = tokenizer.decode(
         [t for t, m in zip(flat(out, "padded_full_token_ids")[0], flat(out, "padded_tool_token_mask")[0]) if m]
     )
-    assert str(int(tasks[0]["task_data"]["answer"])) in tool_text  # verifiers' add ran: the tool turn holds its answer
+    assert (
+        str(int(json.loads(tasks[0]["task_data"])["answer"])) in tool_text
+    )  # verifiers' add ran: the tool turn holds its answer
     without = generate_rollouts(tasks, AddAgent(tokenizer, use_tool=False), 1, cache_dir=tmp_path / "b",
                                 progress=False, allowed_env_modules=ALLOW)  # fmt: skip
     assert flat(without, "final_rewards") == [0.0] * 4 and flat(without, "num_tool_calls") == [0] * 4
@@ -164,7 +168,7 @@ def test_tool_env_calls_run_by_verifiers_token_exact(tokenizer, tmp_path):
 
 def test_tool_env_tool_errors_reach_the_model(tokenizer):
     env = VerifiersEnv(tokenizer, {"env_id": "hfr-vf-arith", "env_args": {"kind": "tools"}})
-    task = env.get_train_dataset(1)[0]["task_data"]
+    task = json.loads(env.get_train_dataset(1)[0]["task_data"])
     out = env.run_trial([task], AddAgent(tokenizer, args={"a": -1, "b": 2}), num_rollouts=1)
     assert out["statuses"] == ["done"] and out["final_rewards"] == [0.0] and out["num_tool_calls"] == [1]
     ids, mask = out["padded_full_token_ids"][0], out["padded_tool_token_mask"][0]
@@ -174,7 +178,7 @@ def test_tool_env_tool_errors_reach_the_model(tokenizer):
 def test_tool_env_each_turn_saw_a_prefix_of_the_stored_sequence(tokenizer):
     env = VerifiersEnv(tokenizer, {"env_id": "hfr-vf-arith", "env_args": {"kind": "tools"}})
     agent = AddAgent(tokenizer)
-    out = env.run_trial([env.get_train_dataset(1)[0]["task_data"]], agent, num_rollouts=1)
+    out = env.run_trial([json.loads(env.get_train_dataset(1)[0]["task_data"])], agent, num_rollouts=1)
     full = [t for t, m in zip(out["padded_full_token_ids"][0], out["padded_full_attention_mask"][0]) if m]
     assert len(agent.seen) == 2
     for prompt, sampled in agent.seen:  # the model saw a prefix, and its sampled ids follow it as sampled
@@ -208,7 +212,7 @@ def test_a_group_rubric_scores_members_we_ended_first(tokenizer):
     env_args = {"kind": "multi", "took_part_weight": 0.25, "group": True}
     env = VerifiersEnv(tokenizer, {"env_id": "hfr-vf-arith", "env_args": env_args, "max_turns": 2})
     assert env.group_scored
-    task = env.get_train_dataset(1)[0]["task_data"]
+    task = json.loads(env.get_train_dataset(1)[0]["task_data"])
     target = int(task["answer"])
     answers = iter([str(target), "0", "0"])  # rollout 0 wins on its first turn, the others are cut after two
     out = env.run_trial([task], scripted(lambda m: next(answers, "0"), tokenizer), num_rollouts=3, max_concurrency=1)
@@ -221,7 +225,7 @@ def test_every_ending_runs_verifiers_cleanup_once(tokenizer):
     import hfr_vf_arith
 
     env = VerifiersEnv(tokenizer, {"env_id": "hfr-vf-arith", "env_args": {"kind": "multi"}, "max_turns": 3})
-    task = env.get_train_dataset(1)[0]["task_data"]
+    task = json.loads(env.get_train_dataset(1)[0]["task_data"])
     hfr_vf_arith.CLEANED.clear()
     played = env._run_complete_episode("a", ScriptedAgent(bisect_solver), task)
     broke = env._run_complete_episode("b", ScriptedAgent(["99"]), task)

@@ -54,6 +54,7 @@ from ..chat.tool_turns import ToolTurns
 from ..rollout import DEFAULT_ENV_WORKERS, apply_group_rewards, pad_task, play_groups, run_episode, task_groups
 from ..rollout.tool_loop import ToolLimits
 from ..schema import to_task_dataset
+from ..task_json import decode_task_value
 from ..tools import Tool, Toolbox, run_tool_calls
 from ..types import ToolCall, ToolResult
 from .config import EnvConfig, UnknownConfigKeyWarning
@@ -189,6 +190,7 @@ class MultistepEnv(ABC):
         "_close_episode",
         "validate_task_data",
         "_run_complete_episode",
+        "_prompt_history",
     )
     """Hooks whose base-class default the engine skips when the env keeps it (see :meth:`implements`)."""
 
@@ -256,6 +258,12 @@ class MultistepEnv(ABC):
 
     def _system_prompt(self, state: Any) -> str | None:
         """Optional system message opening every episode (``env_config['system_prompt']`` wins)."""
+        return None
+
+    def _prompt_history(self, state: Any) -> list[dict[str, str]] | None:
+        """Optional chat messages between the system prompt and the first prompt: earlier ``user`` / ``assistant``
+        turns that the episode opens with (few-shot examples, as TRL's conversational prompts carry them). They are
+        environment tokens (agent mask 0), rendered with the opening by the chat template. Default: none."""
         return None
 
     def _tools(self) -> list[Any] | None:
@@ -342,6 +350,7 @@ class MultistepEnv(ABC):
         With ``on_error="raise"`` exceptions propagate. The env's group rewards are applied with the episode as
         its own group (there is no other rollout of the task here).
         """
+        task_data = decode_task_value(task_data, "task_data")  # a dict, or a task row's stored JSON text
         episode = run_episode(self, session_id, agent, task_data, on_error=on_error)
         return apply_group_rewards(self, task_data, [episode], on_error=on_error)[0].to_dict()  # a group of one
 
@@ -369,7 +378,7 @@ class MultistepEnv(ABC):
         if num_rollouts < 1:
             raise ValueError(f"num_rollouts must be >= 1, got {num_rollouts}.")
         groups = play_groups(
-            task_groups(self, task_data_list, num_rollouts),
+            task_groups(self, [decode_task_value(t, "task_data") for t in task_data_list], num_rollouts),
             agent,
             max_concurrency=max_concurrency,
             on_error=on_error,

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from datasets import Dataset
 
-from ..schema import TASK_COLUMNS, TaskValidationError
+from ..schema import TASK_COLUMNS, TaskValidationError, decode_task_columns
 from .base import MultistepEnv, unknown_keys_message
 from .config import EnvConfigError, UnknownConfigKeyWarning
 from .public_names import home_module, public_class_path
@@ -101,6 +101,18 @@ def check_allowed_env_modules(allowed_env_modules: Iterable[str]) -> tuple[str, 
             "'mypkg' or 'mypkg.envs' (no relative names, no empty parts, no wildcards)."
         )
     return allowed
+
+
+def check_modules_allowed(modules: Iterable[str], allowed_env_modules: Iterable[str], where: str) -> None:
+    """Refuse (:class:`TaskValidationError`, naming ``where`` and the fix) any of ``modules`` that is neither under
+    ``hf_rollouts.envs`` nor under an allowed prefix. Checked on the names: nothing is imported."""
+    allowed = check_allowed_env_modules(allowed_env_modules)
+    for module in modules:
+        if not (_is_dotted_name(module) and _module_allowed(module, allowed)):
+            raise TaskValidationError(
+                f"{where} names code to import: module {module!r}. Importing it runs its code. If you trust it, "
+                f"allow it: allowed_env_modules=[{module!r}] (CLI: --allow-env-module {module})."
+            )
 
 
 def resolve_env_class(path: str, allowed_env_modules: Iterable[str] = (), *, where: str = "") -> type[MultistepEnv]:
@@ -207,16 +219,12 @@ def validate_task_rows(
             "Each row needs env_class_path (str), env_config (dict) and task_data (dict); "
             "build rows with an env's get_train_dataset() or hf_rollouts.schema.TASK_FEATURES."
         )
+    columns = decode_task_columns(columns, first_row)  # JSON text (or an earlier version's dicts) -> dicts
     classes: dict[str, type[MultistepEnv]] = {}
     checked: set[tuple[str, str]] = set()
     warned: set[tuple[str, tuple[str, ...]]] = set()
     for i, values in enumerate(zip(*(columns[c] for c in TASK_COLUMNS)), start=first_row):
         row = dict(zip(TASK_COLUMNS, values))
-        for field in ("env_config", "task_data"):
-            if not isinstance(row[field], dict):
-                raise TaskValidationError(
-                    f"row {i}: field {field!r} must be a dict, got {type(row[field]).__name__} ({row[field]!r:.80})."
-                )
         path, config = row["env_class_path"], row["env_config"]
         if path not in classes:
             classes[path] = resolve_env_class(path, allowed, where=f"row {i}, field 'env_class_path'")
@@ -232,13 +240,7 @@ def validate_task_rows(
         if unknown and (path, tuple(unknown)) not in warned:
             warned.add((path, tuple(unknown)))
             warnings.warn(f"row {i}: {unknown_keys_message(cls, unknown)}", UnknownConfigKeyWarning, stacklevel=2)
-        for module in cls.modules_to_import(config):
-            if not (_is_dotted_name(module) and _module_allowed(module, allowed)):
-                raise TaskValidationError(
-                    f"row {i}: field 'env_config' of {cls.__name__} names code to import: module {module!r}. Importing "
-                    f"it runs its code. If you trust it, allow it: allowed_env_modules=[{module!r}] (CLI: "
-                    f"--allow-env-module {module})."
-                )
+        check_modules_allowed(cls.modules_to_import(config), allowed, f"row {i}: field 'env_config' of {cls.__name__}")
         for model_key in cls.model_config_keys:
             value = config.get(model_key)
             specs = value if isinstance(value, list) else [value]  # a spec, or a list of them (MCP servers)

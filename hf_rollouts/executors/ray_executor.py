@@ -14,7 +14,7 @@ exception raised by the work itself (``on_error="raise"``, a bug, a fingerprint 
 once: the work is deterministic, so a retry would raise again.
 
 Why not Ray Data ``map_batches``: its batches are not the plan's shards (so neither seeds nor resume would
-match a local run), ``Json`` columns arrive as strings, nested ints widen to int64, and an actor that dies
+match a local run), nested ints widen to int64, and an actor that dies
 re-runs its batch without any resume.
 """
 

@@ -28,6 +28,7 @@ from ..envs.base import MultistepEnv
 from ..envs.public_names import public_class_path
 from ..envs.registry import resolve_env_class
 from ..schema import COLUMN_HELP, LOGPROB_CONVENTION_KEY, TaskValidationError
+from ..task_json import decode_task_value
 from .stats import compute_stats
 
 DOCS = "https://hf-rollouts.github.io/hf_rollouts/"
@@ -159,7 +160,7 @@ def render_card(
     (:class:`~hf_rollouts.executors.RunReport`: shards run, reused, retried), shown in a section of its own."""
     stats = compute_stats(ds)
     configs: Counter[tuple[str, str]] = Counter(
-        (p, json.dumps(c, sort_keys=True)) for p, c in zip(ds["env_class_path"], ds["env_config"])
+        (p, json.dumps(decode_task_value(c), sort_keys=True)) for p, c in zip(ds["env_class_path"], ds["env_config"])
     )
     env_names = sorted({p.rsplit(".", 1)[-1] for p, _ in configs})
     card_data = DatasetCardData(

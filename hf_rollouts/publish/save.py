@@ -21,6 +21,8 @@ from pathlib import Path
 from datasets import Dataset
 from huggingface_hub import DatasetCard
 
+from ..schema import as_task_dataset
+
 PARQUET_DIR = "parquet"
 PARQUET_FILE = "train-00000-of-00001.parquet"
 PARQUET_COMPRESSION = "zstd"
@@ -189,7 +191,7 @@ def save_rollouts(
     the default keeps them exact.
     """
     out = check_output_dir(output_dir, overwrite=overwrite)
-    ds = with_logprob_dtype(ds, logprob_dtype)
+    ds = with_logprob_dtype(as_task_dataset(ds), logprob_dtype)  # task dicts as exact JSON text (an empty one too)
     if overwrite:
         clear_output_dir(out)
     ds.save_to_disk(str(out))
@@ -204,7 +206,7 @@ def write_parquet(ds: Dataset, path: str | Path, batch_size: int = 256) -> Path:
     """Write ``ds`` as one zstd parquet file that ``load_dataset("parquet", ...)`` reads back with its features.
 
     ``Dataset.to_parquet`` pins snappy per column, hence pyarrow directly; the schema
-    carries the datasets features metadata (``Json`` columns included).
+    carries the datasets features metadata.
     """
     import pyarrow.parquet as pq
 
@@ -222,7 +224,9 @@ def parquet_files(output_dir: str | Path) -> list[str]:
 def push_rollouts(
     ds: Dataset, repo_id: str, card: DatasetCard | None = None, *, private: bool | None = None, token: str | None = None
 ) -> str:
-    """Push the data, then the card, to the dataset repo ``repo_id``; return the repo URL."""
+    """Push the data, then the card, to the dataset repo ``repo_id``; return the repo URL. Task columns go as exact
+    JSON text (:func:`~hf_rollouts.schema.as_task_dataset`: dict or ``Json()`` columns converted)."""
+    ds = as_task_dataset(ds)
     ds.push_to_hub(repo_id, private=private, token=token, commit_message="Upload rollouts (hf_rollouts)")
     if card is not None:
         card.push_to_hub(repo_id, repo_type="dataset", token=token, commit_message="Add dataset card (hf_rollouts)")

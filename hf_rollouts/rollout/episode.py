@@ -63,6 +63,7 @@ class EpisodeEnv(Protocol):
     def _step_episode(self, session_id: str, state: Any, action: str) -> tuple[Any, float, bool, dict[str, Any]]: ...
     def _calculate_reward(self, state: Any, step_rewards: list[float]) -> float: ...
     def _system_prompt(self, state: Any) -> str | None: ...
+    def _prompt_history(self, state: Any) -> list[dict[str, str]] | None: ...
     def implements(self, hook: str) -> bool:
         """Whether the env has its own optional ``hook`` (``_close_episode``, ``_calculate_group_rewards``,
         ``_run_complete_episode``), not the base class's default."""
@@ -245,11 +246,18 @@ def episode_steps(
             system = env.env_config.get("system_prompt") or (
                 yield from hook("_system_prompt", env._system_prompt, state)
             )
+            history = (
+                (yield from hook("_prompt_history", env._prompt_history, state))
+                if env.implements("_prompt_history")
+                else None
+            )
             for step in range(env.max_turns):
                 if not turns_left(env, rec):  # tool-call turns count against max_turns
                     break
                 prompt = yield from hook("_format_prompt", env._format_prompt, state, step)
-                rec.add_env_message(prompt, system=system if step == 0 else None)
+                rec.add_env_message(
+                    prompt, system=system if step == 0 else None, history=history if step == 0 else None
+                )
                 if env.max_episode_tokens and len(rec.ids) >= env.max_episode_tokens:
                     break
                 text, agent_state = yield from agent_turn(env, rec, hook, session_id, state, agent_state, seed)

@@ -155,8 +155,11 @@ class EpisodeRecorder:
         else:
             self.logprobs.extend([math.nan if agent else 0.0] * len(ids))
 
-    def add_env_message(self, content: str, system: str | None = None) -> None:
-        """Append the environment's message (and, first turn only, an optional system prompt)."""
+    def add_env_message(
+        self, content: str, system: str | None = None, history: list[dict[str, str]] | None = None
+    ) -> None:
+        """Append the environment's message (and, first turn only, an optional system prompt and ``history``: earlier
+        user / assistant messages the episode opens with, e.g. few-shot examples; environment tokens)."""
         if not isinstance(content, str):
             raise EnvOutputError(
                 f"the environment's message (_format_prompt) must be a str, got {type(content).__name__} "
@@ -167,10 +170,15 @@ class EpisodeRecorder:
                 f"the system prompt (_system_prompt) must be a str or None, got {type(system).__name__} "
                 f"{_show(system)}."
             )
+        if history and self.ids:
+            raise ValueError("Prompt history can only open an episode.")
         if not self.ids:
-            opening = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": content}
-            ]
+            past = [{"role": m["role"], "content": m["content"]} for m in history or []]
+            opening = (
+                ([{"role": "system", "content": system}] if system else [])
+                + past
+                + [{"role": "user", "content": content}]
+            )
             self.messages.extend(opening)
             self._append(self.chat.initial_ids(opening), agent=False)
         else:

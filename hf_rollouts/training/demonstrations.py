@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..agents.base import Agent
+from ..task_json import decode_task_value
 from ..types import Action, AgentRequest
 from .runs import number
 
@@ -112,7 +113,12 @@ def measure(rollouts, phase: str, step: int, seconds: float, loss: float = math.
     played = [(r, c, s) for rs, cs, ss in zip(rollouts["final_rewards"], rollouts["num_tool_calls"], statuses_by_row)
               for r, c, s in zip(rs, cs, ss) if s != "error"]  # fmt: skip
     ok, calls = [r for r, _, _ in played], [c for _, c, _ in played]
-    records = [(r, t) for row, t in zip(rollouts["tool_calls"], rollouts["task_data"]) for ro in row for r in ro or []]
+    records = [
+        (r, t)
+        for row, t in zip(rollouts["tool_calls"], map(decode_task_value, rollouts["task_data"]))
+        for ro in row
+        for r in ro or []
+    ]
     asked = [bool(call.right(json.loads(r["arguments"]), t)) for r, t in records if r["status"] == "ok"]
     wins, n = sum(1 for r in ok if r == 1.0), max(1, len(ok))
     low, high = wilson_interval(wins, len(statuses))

@@ -1,7 +1,7 @@
 """Your dataset as an environment: :class:`DatasetEnv` (a row's prompt, the reply, a verifier's verdict) and
 :func:`to_task_rows` (a dataset's columns -> task rows, for ``Dataset.map``)."""
 
-from .env import DEFAULT_FEEDBACK, DatasetConfig, DatasetEnv, DatasetEpisode, prompt_parts
+from .env import DEFAULT_FEEDBACK, DatasetConfig, DatasetEnv, DatasetEpisode, PromptParts, prompt_parts
 from .humaneval import humaneval_problems, humaneval_tasks
 from .rows import CODE_ENV_CONFIG, TaskRows, answer_column_option, load_source, to_task_rows
 
@@ -11,6 +11,7 @@ __all__ = [
     "DatasetConfig",
     "DatasetEnv",
     "DatasetEpisode",
+    "PromptParts",
     "TaskRows",
     "answer_column_option",
     "humaneval_problems",

@@ -3,8 +3,10 @@ verdict.
 
 ``task_data`` (one row; :func:`~hf_rollouts.envs.dataset.rows.to_task_rows` builds it from a dataset's columns):
 
-* ``prompt``: the question, a string or chat messages (an optional ``system`` message, then one ``user`` message, as
-  TRL's conversational prompts); left out when ``env_config["prompt_template"]`` builds it from the other fields;
+* ``prompt``: the question, a string or chat messages as TRL's conversational prompts carry them: an optional
+  ``system`` message, then ``user`` and ``assistant`` messages in turn (few-shot examples) ending with the ``user``
+  message the agent answers; the earlier turns open the episode as environment tokens. Left out when
+  ``env_config["prompt_template"]`` builds it from the other fields;
 * the reference fields the verifiers read: ``answer`` by default (a value or a list of accepted values), tests, any
   column.
 
@@ -12,6 +14,11 @@ verdict.
 :mod:`hf_rollouts.verify`), ``extraction`` (how the answer is taken from the reply: ``boxed``, ``gsm8k``,
 ``last_number``, ``regex`` with ``extraction_pattern``, ``code`` with ``code_language``, ``whole``),
 ``system_prompt``, ``prompt_template`` and ``max_turns`` (default 1).
+
+**System prompt rule.** ``env_config["system_prompt"]`` is the system message of every row whose prompt has none. A
+row whose chat prompt has its own ``system`` message and an ``env_config["system_prompt"]`` that differs from it is
+refused before any episode (naming the row): neither silently replaces the other. Keep one of them (or make them
+equal).
 
 **Tries and their reward.** Each agent turn is a try: the answer is extracted and the rubric's ``ascore`` awaited
 (on the engine's loop, so a slow verifier overlaps generation). A try that passes (every component with full marks:
@@ -34,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...types import StepError
 from ...verify import (
@@ -101,35 +108,64 @@ class DatasetConfig(EnvConfig):
 
 @dataclass
 class DatasetEpisode:
-    """Per-episode state: the task (prompt rendered), the user message, the tries so far and the last verdict."""
+    """Per-episode state: the task (prompt rendered), the user message (and the system message and earlier turns of a
+    chat prompt), the tries so far and the last verdict."""
 
     task: dict[str, Any]
     system: str | None
     message: str
+    history: list[dict[str, str]] = field(default_factory=list)
     tries: int = 0
     verdicts: list[Verdict] = field(default_factory=list)
     feedback: str = ""
 
 
-def prompt_parts(prompt: Any, where: str = "task_data['prompt']") -> tuple[str | None, str]:
-    """``(system, user)`` of a prompt: a string is the user message; chat messages may be an optional ``system``
-    message and one ``user`` message. ``TaskDataError`` naming the field otherwise."""
+class PromptParts(NamedTuple):
+    """A prompt's parts: the ``system`` message (``None``: none), the earlier ``history`` turns (few-shot ``user`` /
+    ``assistant`` messages) and the ``user`` message the agent answers."""
+
+    system: str | None
+    history: list[dict[str, str]]
+    user: str
+
+
+def prompt_parts(prompt: Any, where: str = "task_data['prompt']") -> PromptParts:
+    """The :class:`PromptParts` of a prompt: a string is the user message; chat messages are an optional ``system``
+    message, then ``user`` and ``assistant`` messages in turn, ending with a ``user`` message (few-shot examples, as
+    TRL's conversational datasets carry them). ``TaskDataError`` naming the field otherwise."""
     if isinstance(prompt, str):
         if not prompt.strip():
             raise TaskDataError("prompt", f"{where} is empty; every task needs a question.")
-        return None, prompt
+        return PromptParts(None, [], prompt)
     if not (isinstance(prompt, list) and all(isinstance(m, Mapping) for m in prompt)):
         raise TaskDataError("prompt", f"{where} must be a string or chat messages, got {type(prompt).__name__}.")
     roles = [m.get("role") for m in prompt]
-    if roles not in (["user"], ["system", "user"]):
+    system = roles[:1] == ["system"]
+    turns = roles[1:] if system else roles
+    expected = ["user" if k % 2 == 0 else "assistant" for k in range(len(turns))]
+    if not turns or turns != expected or turns[-1] != "user":
         raise TaskDataError(
             "prompt",
-            f"{where} has roles {roles}; a prompt of chat messages is [system?, user] (put few-shot examples in the "
-            "user message or the system prompt).",
+            f"{where} has roles {roles}; a prompt of chat messages is an optional system message, then user and "
+            "assistant messages in turn, ending with the user message the agent answers ([system?, user, "
+            "(assistant, user)*]).",
         )
     if not all(isinstance(m.get("content"), str) and m["content"].strip() for m in prompt):
         raise TaskDataError("prompt", f"{where} has a message whose content is empty or not a string.")
-    return (prompt[0]["content"] if len(prompt) == 2 else None), prompt[-1]["content"]
+    history = [{"role": m["role"], "content": m["content"]} for m in prompt[int(system) : -1]]
+    return PromptParts(prompt[0]["content"] if system else None, history, prompt[-1]["content"])
+
+
+def check_system_prompt(parts: PromptParts, system_prompt: str | None, where: str = "task_data['prompt']") -> None:
+    """The system prompt rule (see the module docstring): ``TaskDataError`` when a chat prompt's own system message
+    and ``env_config['system_prompt']`` are both given and differ."""
+    if system_prompt and parts.system is not None and parts.system != system_prompt:
+        raise TaskDataError(
+            "prompt",
+            f"{where} has its own system message ({parts.system!r:.60}) and env_config['system_prompt'] "
+            f"({system_prompt!r:.60}) differs from it; neither replaces the other. Keep one: drop 'system_prompt' from "
+            "env_config, or the system message from the prompts (or make them equal).",
+        )
 
 
 class DatasetEnv(MultistepEnv):
@@ -187,7 +223,7 @@ class DatasetEnv(MultistepEnv):
 
     def validate_task_data(self, task_data: dict[str, Any]) -> None:
         task = self.render(task_data)
-        prompt_parts(task["prompt"])
+        check_system_prompt(prompt_parts(task["prompt"]), self.config.system_prompt)
         try:
             self.rubric.check_task(task)
         except TaskFieldError as exc:
@@ -195,11 +231,15 @@ class DatasetEnv(MultistepEnv):
 
     def _initialize_episode(self, session_id: str, task_data: dict[str, Any]) -> DatasetEpisode:
         task = self.render(task_data)
-        system, message = prompt_parts(task["prompt"])
-        return DatasetEpisode(task, system, message)
+        parts = prompt_parts(task["prompt"])
+        check_system_prompt(parts, self.config.system_prompt)
+        return DatasetEpisode(task, parts.system, parts.user, parts.history)
 
     def _system_prompt(self, state: DatasetEpisode) -> str | None:
         return state.system
+
+    def _prompt_history(self, state: DatasetEpisode) -> list[dict[str, str]] | None:
+        return state.history or None
 
     def _format_prompt(self, state: DatasetEpisode, step: int) -> str:
         return state.message if step == 0 else state.feedback
@@ -236,4 +276,12 @@ class DatasetEnv(MultistepEnv):
         return state, verdict.reward * self.config.retry_discount ** (state.tries - 1), True, info
 
 
-__all__ = ["DEFAULT_FEEDBACK", "DatasetConfig", "DatasetEnv", "DatasetEpisode", "prompt_parts"]
+__all__ = [
+    "DEFAULT_FEEDBACK",
+    "DatasetConfig",
+    "DatasetEnv",
+    "DatasetEpisode",
+    "PromptParts",
+    "check_system_prompt",
+    "prompt_parts",
+]

@@ -16,7 +16,7 @@ the field. :func:`load_source` loads what the CLI's ``--from-dataset`` names: a 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Formatter
@@ -24,12 +24,13 @@ from typing import Any
 
 from datasets import Dataset, DatasetDict, Features, load_dataset
 
-from ...schema import TASK_COLUMNS, TASK_FEATURES, TaskValidationError
+from ...schema import TASK_COLUMNS, TASK_FEATURES, TaskValidationError, encode_task_row
 from ...sources import load_dataset_source
 from ...verify import Rubric, TaskFieldError, check_extraction, extract_answer
 from ..config import EnvConfigError
 from ..public_names import public_class_path
-from .env import DatasetEnv, prompt_parts
+from ..registry import check_modules_allowed
+from .env import DatasetEnv, check_system_prompt, prompt_parts
 
 CODE_ENV_CONFIG: dict[str, Any] = {"verifier": "code", "extraction": "code"}
 """The ``env_config`` of code task rows (HumanEval's, and the default of rows with a ``tests_column``; a key of your
@@ -93,10 +94,18 @@ class TaskRows:
 
     @staticmethod
     def features(dataset: Dataset) -> Features:
-        """The map's output features: ``dataset``'s plus the task columns (``Json``, exact for any dict)."""
+        """The map's output features: ``dataset``'s plus the task columns (:data:`~hf_rollouts.schema.TASK_FEATURES`:
+        ``env_config`` and ``task_data`` as JSON text that ``json.loads`` gives back exactly, floats to the last bit
+        and integers of any size)."""
         return Features({**{k: v for k, v in dataset.features.items() if k not in TASK_COLUMNS}, **TASK_FEATURES})
 
     def __call__(self, row: Mapping[str, Any], index: int | None = None) -> dict[str, Any]:
+        """The task columns of ``row`` as stored (``env_config`` / ``task_data`` as exact JSON text)."""
+        where = "row" if index is None else f"row {index}"
+        return encode_task_row(self.task_row(row, index), where)
+
+    def task_row(self, row: Mapping[str, Any], index: int | None = None) -> dict[str, Any]:
+        """The task columns of ``row`` with ``env_config`` / ``task_data`` as dicts."""
         where = "row" if index is None else f"row {index}"
         for column in self.needed_columns():
             if column not in row:
@@ -115,7 +124,10 @@ class TaskRows:
         else:
             task["prompt"] = row[self.prompt_column]
         try:
-            prompt_parts(task["prompt"], f"column {self.prompt_column or 'prompt_template'!r}")
+            where_prompt = f"column {self.prompt_column or 'prompt_template'!r}"
+            check_system_prompt(
+                prompt_parts(task["prompt"], where_prompt), self.env_config.get("system_prompt"), where_prompt
+            )
         except ValueError as exc:
             raise TaskValidationError(f"{where}: {exc}") from exc
         if self.answer_column is not None:
@@ -133,10 +145,14 @@ class TaskRows:
         return {"env_class_path": public_class_path(DatasetEnv), "env_config": dict(self.env_config), "task_data": task}
 
 
-def to_task_rows(dataset: Dataset, **options: Any) -> Dataset:
+def to_task_rows(dataset: Dataset, *, allowed_env_modules: Iterable[str] = (), **options: Any) -> Dataset:
     """``dataset`` with the task columns of :class:`DatasetEnv` added (its other columns kept); ``options`` are
     :class:`TaskRows`'s. Every row is checked first (columns, empty values, each verifier's check of the task):
-    :class:`~hf_rollouts.schema.TaskValidationError` names the row and the column before any work."""
+    :class:`~hf_rollouts.schema.TaskValidationError` names the row and the column before any work.
+
+    A ``trl`` verifier names a reward function by import path: code, which the check imports. As when the rows are
+    played, its module must be allowed first (``allowed_env_modules=["my_rewards"]``, CLI ``--allow-env-module``):
+    otherwise nothing is imported and the error says how to allow it."""
     if not isinstance(dataset, Dataset):
         hint = " Pick a split first, e.g. dataset['train']." if isinstance(dataset, DatasetDict) else ""
         raise TypeError(f"to_task_rows takes a datasets.Dataset, got {type(dataset).__name__}.{hint}")
@@ -154,9 +170,11 @@ def to_task_rows(dataset: Dataset, **options: Any) -> Dataset:
             "prompt and the answer (prompt_column=..., answer_column=...; CLI: --prompt-column, --answer-column)."
             + hint
         )
-    rubric = Rubric.from_specs(rows.env_config.get("verifier", "exact"))
+    verifier = rows.env_config.get("verifier", "exact")
+    check_modules_allowed(Rubric.modules_in(verifier), allowed_env_modules, "env_config['verifier']")
+    rubric = Rubric.from_specs(verifier)
     for i, row in enumerate(dataset.select_columns(rows.needed_columns()) if len(dataset) else []):
-        task = rows(row, i)["task_data"]
+        task = rows.task_row(row, i)["task_data"]
         try:
             rubric.check_task(task)
         except TaskFieldError as exc:

@@ -8,7 +8,7 @@ from typing import Any
 from datasets import Dataset
 
 from ...envs.registry import validate_tasks
-from ...schema import TASK_COLUMNS, TaskValidationError
+from ...schema import TASK_COLUMNS, TaskValidationError, decode_task_row
 
 PROMPT_KEY = "hf_rollouts_task"
 """Key of the row index inside a :func:`to_trl_dataset` prompt."""
@@ -31,8 +31,8 @@ def to_trl_dataset(
         )
     validate_tasks(tasks, allowed_env_modules, allowed_env_models)
     rows = tasks.select_columns(list(TASK_COLUMNS))
-    prompts = [
-        json.dumps({PROMPT_KEY: i, **{c: row[c] for c in TASK_COLUMNS}}, sort_keys=True) for i, row in enumerate(rows)
+    prompts = [  # the dicts exactly: json writes a float's shortest repr and integers of any size
+        json.dumps({PROMPT_KEY: i, **decode_task_row(row, f"row {i}")}, sort_keys=True) for i, row in enumerate(rows)
     ]
     return tasks.add_column("prompt", prompts)
 
