@@ -21,7 +21,7 @@ from datasets import Dataset
 
 from .agents.base import Agent
 from .publish.stats import compute_stats
-from .training.loop import collect_rollouts
+from .rounds import collect_rollouts
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -97,7 +97,7 @@ def evaluate_agent(
     **options: Any,
 ) -> Evaluation:
     """Play ``num_rollouts`` episodes of every row with ``agent`` (never from a cache: the agent's weights may have
-    changed under the same fingerprint; :func:`hf_rollouts.training.collect_rollouts`, the model in ``eval()``) and
+    changed under the same fingerprint; :func:`hf_rollouts.rounds.collect_rollouts`, the model in ``eval()``) and
     return their :class:`Evaluation`. ``cache_dir``: where the shard files go (default: a temporary directory).
     ``options`` go to :func:`~hf_rollouts.pipeline.generate_rollouts`."""
     start = time.perf_counter()

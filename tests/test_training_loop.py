@@ -15,17 +15,17 @@ from datasets import concatenate_datasets
 from hf_rollouts.agents.hf import TransformersAgent
 from hf_rollouts.envs.guess_number import GuessNumberEnv
 from hf_rollouts.pipeline import generate_rollouts
+from hf_rollouts.recipes import task_splits
+from hf_rollouts.rounds import collect_rollouts
 from hf_rollouts.training import (
     RolloutCollator,
     UpdateConfig,
     batch_logprobs,
-    collect_rollouts,
     grpo_update,
     prepare_rollouts,
     read_logprob_convention,
     sft_update,
     split_by_logprob_settings,
-    task_splits,
     token_logprobs,
 )
 
