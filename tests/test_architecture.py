@@ -92,12 +92,13 @@ def test_layers_point_down():
 
 
 def test_training_is_the_math_on_rollout_data():
-    """training reads rollout data (``schema``, ``sources``) and knows no envs, agents or pipeline: a round's rollouts
-    come from ``rounds``, a run's options, policy, splits and reports from ``recipes`` (issue 42, item 6)."""
-    graph = _module_graph()
+    """training reads rollout data (``schema``, ``sources``: the contracts, the first line of the layer table) and
+    knows no envs, agents or pipeline: a round's rollouts come from ``rounds``, a run's options, policy, splits and
+    reports from ``recipes`` (issue 42, item 6)."""
+    graph, contracts = _module_graph(), {f"hf_rollouts.{m}" for m in _layer_table()[0]}
     training = [m for m in graph if m.startswith("hf_rollouts.training")]
     outside = {m for m in _reach(graph, training) if not m.startswith("hf_rollouts.training")}
-    assert outside <= {"hf_rollouts.schema", "hf_rollouts.sources"}, outside
+    assert {"hf_rollouts.schema", "hf_rollouts.sources"} <= outside <= contracts, outside - contracts
     recipes = _reach(graph, [m for m in graph if m.startswith("hf_rollouts.recipes")])
     assert {"hf_rollouts.envs", "hf_rollouts.agents", "hf_rollouts.pipeline"} <= recipes  # the run kit may
     assert "hf_rollouts.training.update" in graph and "hf_rollouts.training.loop" not in graph
