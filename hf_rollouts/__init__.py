@@ -10,6 +10,7 @@ from .agents.scripted import ScriptedAgent
 from .envs.base import MultistepEnv
 from .mapping import RolloutMap, rollout_map
 from .pipeline import generate_rollouts
+from .rounds import collect_rollouts
 from .schema import ROLLOUT_COLUMNS, TASK_FEATURES
 from .types import Action, AgentRequest, Episode
 
@@ -25,6 +26,7 @@ __all__ = [
     "TASK_FEATURES",
     "TransformersAgent",
     "__version__",
+    "collect_rollouts",
     "generate_rollouts",
     "rollout_map",
 ]

@@ -25,7 +25,7 @@ from datasets import Dataset
 from .agents.base import Agent
 from .agents.sampling import SamplingConfig
 from .publish.stats import compute_stats
-from .training.loop import collect_rollouts
+from .rounds import collect_rollouts
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -102,7 +102,7 @@ def evaluate_agent(
     **options: Any,
 ) -> Evaluation:
     """Play ``num_rollouts`` episodes of every row with ``agent`` (never from a cache: the agent's weights may have
-    changed under the same fingerprint; :func:`hf_rollouts.training.collect_rollouts`, the model in ``eval()``) and
+    changed under the same fingerprint; :func:`hf_rollouts.rounds.collect_rollouts`, the model in ``eval()``) and
     return their :class:`Evaluation`. ``greedy=True``: the agent decodes greedily for this evaluation only
     (:func:`greedy_sampling`), e.g. a policy trained by sampling at temperature 0.7 evaluated at its most likely
     answers. ``cache_dir``: where the shard files go (default: a temporary directory). ``options`` go to

@@ -73,7 +73,7 @@ SIZES = {
 def _training_text() -> list[str]:
     pkg = resources.files("hf_rollouts")
     lines = pkg.joinpath("data/corpus.txt").read_text(encoding="utf-8").splitlines()
-    kb_file = pkg.joinpath("envs/games/twenty_questions/objects.json")
+    kb_file = pkg.joinpath("envs/twenty_questions/objects.json")
     if kb_file.is_file():
         kb = json.loads(kb_file.read_text(encoding="utf-8"))
         lines += [a["question"] for a in kb["attributes"].values()]

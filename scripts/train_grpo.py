@@ -1,6 +1,6 @@
 """GRPO on an hf_rollouts environment with the library's loop pieces (default: the toy guess-the-number).
 
-Each iteration collects rollouts of the current policy (:func:`hf_rollouts.training.collect_rollouts`: a fresh
+Each iteration collects rollouts of the current policy (:func:`hf_rollouts.rounds.collect_rollouts`: a fresh
 seed, never a cache replay), prepares them (:func:`~hf_rollouts.training.prepare_rollouts`: GRPO advantages, error
 and constant groups dropped and counted) and takes one GRPO update (:func:`~hf_rollouts.training.grpo_update`),
 then prints a table row; held-out evaluations use :func:`hf_rollouts.evaluation.evaluate_agent`. The solve rate is
@@ -40,10 +40,11 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator, PartialState
 
-from hf_rollouts import training
+from hf_rollouts import recipes, training
 from hf_rollouts.evaluation import evaluation_of
+from hf_rollouts.recipes import runs
+from hf_rollouts.rounds import collect_rollouts
 from hf_rollouts.seeding import derive_seed
-from hf_rollouts.training import runs
 
 LR_HELP = "AdamW learning rate (1e-2 suits the tiny model; 3e-5 for SmolLM2)."
 Run = runs.with_defaults(runs.RunOptions, helps={"lr": LR_HELP}, output_dir="outputs/train_grpo")
@@ -66,7 +67,7 @@ class TrainConfig(Run, runs.TaskFileOptions, runs.RoundOptions):
 
 
 def train(cfg: TrainConfig, command: str | None = None) -> list[runs.IterationStats]:
-    """Run GRPO as the module docstring says; one :class:`~hf_rollouts.training.runs.IterationStats` per iteration
+    """Run GRPO as the module docstring says; one :class:`~hf_rollouts.recipes.runs.IterationStats` per iteration
     (``command`` goes to ``summary.json``)."""
     if cfg.advantage not in training.ADVANTAGE_MODES or cfg.control not in runs.CONTROLS:
         raise ValueError(f"--advantage must be one of {training.ADVANTAGE_MODES}, --control of {runs.CONTROLS}.")
@@ -79,7 +80,7 @@ def _train(cfg: TrainConfig, command: str | None) -> list[runs.IterationStats]:
     spec = "tiny-small" if cfg.model == "tiny" and cfg.model_size != "tiny" else cfg.model
     model, tokenizer, agent, params = runs.load_policy(cfg, spec=spec, device=accelerator.device, suffix="grpo")
     policy, optimizer = accelerator.prepare(model, torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0))
-    all_tasks, eval_tasks = training.task_splits(
+    all_tasks, eval_tasks = recipes.task_splits(
         tokenizer, env=cfg.env, env_config=runs.env_config_of(cfg), tasks=cfg.tasks, eval_tasks=cfg.eval_tasks_path,
         num_train=cfg.tasks_per_iter * cfg.iterations, num_eval=cfg.eval_tasks)  # fmt: skip
     update = training.UpdateConfig(cfg.minibatch_size, cfg.ppo_epochs, cfg.clip_eps, 0.0, cfg.max_grad_norm,
@@ -90,7 +91,7 @@ def _train(cfg: TrainConfig, command: str | None) -> list[runs.IterationStats]:
         start, seed = time.perf_counter(), derive_seed("train_grpo", cfg.seed, it)
         probe = agent.fingerprint()["weights_probe"]
         tasks = all_tasks.select([(it * cfg.tasks_per_iter + j) % len(all_tasks) for j in range(cfg.tasks_per_iter)])
-        rollouts = training.collect_rollouts(tasks, agent, cfg.num_rollouts, seed=seed)
+        rollouts = collect_rollouts(tasks, agent, cfg.num_rollouts, seed=seed)
         if cfg.keep_rollouts and main:
             rollouts.save_to_disk(str(out / "rollouts" / f"iter{it:04d}"))
         with accelerator.main_process_first():
@@ -121,7 +122,7 @@ def _train(cfg: TrainConfig, command: str | None) -> list[runs.IterationStats]:
         curve = [{"iteration": s.iteration, **s.heldout} for s in history if s.heldout]
         steps = [{"step": s.iteration + 1, "reward": s.mean_reward, "success": s.solve_rate, "tool_rate": s.tool_rate}
                  for s in history]  # fmt: skip
-        training.write_summary(out, command=command, config=dataclasses.asdict(cfg), steps=steps, started=started,
+        recipes.write_summary(out, command=command, config=dataclasses.asdict(cfg), steps=steps, started=started,
                                heldout_before=base, heldout_after=history[-1].heldout if history else base,
                                heldout_curve=curve)  # fmt: skip
         plot = cfg.plot if cfg.plot is not None else str(out / "learning_curve.png")
@@ -132,7 +133,7 @@ def _train(cfg: TrainConfig, command: str | None) -> list[runs.IterationStats]:
             control = ", CONTROL: advantages shuffled" if cfg.control == "shuffle" else ""
             title = f"GRPO, {cfg.model}, {cfg.tasks or cfg.env}, {cfg.tasks_per_iter}x{cfg.num_rollouts}/iter{control}"
             curves = ("reward", "solve rate", "tool_rate")
-            training.save_learning_curve(plot, rounds, heldout=points, title=title, curves=curves)
+            recipes.save_learning_curve(plot, rounds, heldout=points, title=title, curves=curves)
     return history
 
 

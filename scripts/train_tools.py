@@ -4,12 +4,12 @@ Default: the tiny model on ``hidden_function`` (each task hides ``f(x) = a*x + b
 it; two turns: the call, then the number it returned). The random model never writes a tool call, so pure RL would
 see a reward of 0 in every group. Three phases:
 
-1. **Demonstrations** (:class:`hf_rollouts.training.demonstrations.Demonstrator`): a scripted token-level policy
+1. **Demonstrations** (:class:`hf_rollouts.recipes.demonstrations.Demonstrator`): a scripted token-level policy
    plays the train tasks through the pipeline, calling the tool on its first turn with probability
    ``--demo-tool-rate`` (else guessing a number).
 2. **SFT** (:func:`hf_rollouts.training.sft_update`): cross-entropy on the demonstrations' agent tokens only (tool
    output and prompts are not in the loss): imitation alone is capped near ``--demo-tool-rate`` (``--sft-only``).
-3. **GRPO** (:func:`~hf_rollouts.training.collect_rollouts`, :func:`~hf_rollouts.training.grpo_update`), or with
+3. **GRPO** (:func:`~hf_rollouts.rounds.collect_rollouts`, :func:`~hf_rollouts.training.grpo_update`), or with
    ``--trl`` TRL's ``GRPOTrainer`` (:func:`hf_rollouts.integrations.trl.build_grpo_trainer`).
 
 The held-out ``eval`` split is played as loaded, after SFT and after GRPO. With the tiny model the script runs end to
@@ -36,12 +36,13 @@ from pathlib import Path
 
 import torch
 
-from hf_rollouts import training
+from hf_rollouts import recipes, training
 from hf_rollouts.envs import get_env_class
+from hf_rollouts.recipes import demonstrations as demo
+from hf_rollouts.recipes import runs
+from hf_rollouts.recipes.demonstrations import DEMO_CALLS, Demonstrator, Point, measure
+from hf_rollouts.rounds import collect_rollouts
 from hf_rollouts.seeding import derive_seed
-from hf_rollouts.training import demonstrations as demo
-from hf_rollouts.training import runs
-from hf_rollouts.training.demonstrations import DEMO_CALLS, Demonstrator, Point, measure
 
 HELPS = {
     "env": f"One of {sorted(DEMO_CALLS)}.",
@@ -111,7 +112,7 @@ def _train(cfg: ToolTrainConfig, command: str | None) -> ToolTrainResult:
 
     def evaluate(phase: str) -> Point:
         t, seed = time.perf_counter(), derive_seed("train_tools_eval", cfg.seed)
-        rollouts = training.collect_rollouts(eval_tasks, agent, cfg.eval_rollouts, seed=seed)
+        rollouts = collect_rollouts(eval_tasks, agent, cfg.eval_rollouts, seed=seed)
         point = measure(rollouts, phase, 0, time.perf_counter() - t, call=call)
         if not cfg.quiet:
             print(f"eval ({phase}): {demo.format_point(point)}", flush=True)
@@ -120,7 +121,7 @@ def _train(cfg: ToolTrainConfig, command: str | None) -> ToolTrainResult:
     eval_before = evaluate("eval_before") if cfg.eval_base else Point("eval_before", 0, *[math.nan] * 4, 0, 0, 0.0)
     demonstrator = Demonstrator(tokenizer, cfg.demo_tool_rate, demo.max_answer(cfg.env, env.config), call=call)
     demo_tasks, seed = train_tasks.select(range(cfg.demo_tasks)), derive_seed("train_tools_demos", cfg.seed)
-    demos = training.collect_rollouts(demo_tasks, demonstrator, cfg.demo_rollouts, seed=seed)
+    demos = collect_rollouts(demo_tasks, demonstrator, cfg.demo_rollouts, seed=seed)
     demo_point = measure(demos, "demos", 0, 0.0, call=call)
     demo_rows = training.prepare_rollouts(demos, flatten=True, drop_constant_groups=False, progress=False).dataset
     if not cfg.quiet:
@@ -143,7 +144,7 @@ def _train(cfg: ToolTrainConfig, command: str | None) -> ToolTrainResult:
         for it in range(cfg.iterations):
             t, seed = time.perf_counter(), derive_seed("train_tools_grpo", cfg.seed, it)
             tasks = rl_tasks.select([(it * cfg.tasks_per_iter + k) % len(rl_tasks) for k in range(cfg.tasks_per_iter)])
-            rollouts = training.collect_rollouts(tasks, agent, cfg.num_rollouts, seed=seed)
+            rollouts = collect_rollouts(tasks, agent, cfg.num_rollouts, seed=seed)
             if cfg.sft_only:
                 steps = max(1, round(cfg.num_rollouts * cfg.tasks_per_iter / cfg.minibatch_size))
                 loss = training.sft_update(model, sft_opt, demo_rows, steps=steps, seed=seed, **sft)[-1]
@@ -165,7 +166,7 @@ def _train(cfg: ToolTrainConfig, command: str | None) -> ToolTrainResult:
     )
     steps = [{"step": p.step + 1, "reward": p.success, "tool_rate": p.tool_rate} for p in grpo]
     evals = {"heldout_base": eval_before, "heldout_before": eval_after_sft, "heldout_after": eval_after}
-    training.write_summary(out, command=command, config=dataclasses.asdict(cfg), steps=steps, started=started,
+    recipes.write_summary(out, command=command, config=dataclasses.asdict(cfg), steps=steps, started=started,
                            **{k: p.as_heldout() for k, p in evals.items()})  # fmt: skip
     plot = cfg.plot if cfg.plot is not None else str(out / "tool_learning.png")
     if plot.lower() != "none":
@@ -173,7 +174,7 @@ def _train(cfg: ToolTrainConfig, command: str | None) -> ToolTrainResult:
         evals = ((-1, eval_before), (0, eval_after_sft), (len(grpo) + 1, eval_after))
         points = [(x, dataclasses.asdict(p)) for x, p in evals if not math.isnan(p.success)]
         title = f"{cfg.env} (tool use), {cfg.model}: SFT {cfg.sft_steps} steps, then {cfg.iterations} GRPO rounds"
-        training.save_learning_curve(plot, rounds, heldout=points, title=title, curves=("success", "tool_rate"),
+        recipes.save_learning_curve(plot, rounds, heldout=points, title=title, curves=("success", "tool_rate"),
                                      xlabel="-1: as loaded, 0: after SFT, then GRPO rounds")  # fmt: skip
     return result
 

@@ -30,7 +30,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from hf_rollouts.training import runs
+from hf_rollouts.recipes import runs
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 HELPS = {
@@ -57,12 +57,13 @@ class TrainConfig(Run, runs.TaskFileOptions):
 
 
 def train(cfg: TrainConfig, command: str | None = None) -> list[runs.StepRow]:
-    """Train and return one :class:`~hf_rollouts.training.runs.StepRow` per optimizer step; held-out evaluations
+    """Train and return one :class:`~hf_rollouts.recipes.runs.StepRow` per optimizer step; held-out evaluations
     before and after with ``--eval-tasks``, and ``summary.json`` in ``--output-dir``."""
     import torch
 
     from hf_rollouts.integrations.trl import build_grpo_trainer
-    from hf_rollouts.training import flush_denormals, task_splits, write_summary
+    from hf_rollouts.recipes import task_splits, write_summary
+    from hf_rollouts.training import flush_denormals
 
     started = (time.perf_counter(), time.process_time())
     with flush_denormals():

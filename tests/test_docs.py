@@ -39,7 +39,7 @@ USER_MODULES = (
     "hf_rollouts.envs.task_data",
     "hf_rollouts.envs.tool_env",
     "hf_rollouts.envs.check",
-    "hf_rollouts.envs.adapters.adapter",
+    "hf_rollouts.envs.adapter",
     "hf_rollouts.tools.mcp",
     "hf_rollouts.tiny_model",
     "hf_rollouts.smollm2",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -40,78 +41,62 @@ def test_registered_env_contract(name, tokenizer):
     assert len(out["statuses"]) == 4 and all(s in ("done", "truncated") for s in out["statuses"])
 
 
-# -- public names: what task rows and users' code say, wherever the code lives ----------------------
-STORED_PATHS = [  # the forms task datasets already hold (registry names, get_train_dataset's, adapter prefixes)
-    ("hf_rollouts.envs.twenty_questions.TwentyQuestionsEnv", "games.twenty_questions.env"),
-    ("hf_rollouts.envs.twenty_questions.env.TwentyQuestionsEnv", "games.twenty_questions.env"),
-    ("hf_rollouts.envs.mastermind.MastermindEnv", "games.mastermind.env"),
-    ("hf_rollouts.envs.mastermind.env.MastermindEnv", "games.mastermind.env"),
-    ("hf_rollouts.envs.guess_number.env.GuessNumberEnv", "games.guess_number.env"),
-    ("hf_rollouts.envs.hidden_function.HiddenFunctionEnv", "games.hidden_function.env"),
-    ("hf_rollouts.envs.textarena.env.TextArenaEnv", "adapters.textarena.env"),
-    ("hf_rollouts.envs.reasoning_gym.ReasoningGymEnv", "adapters.reasoning_gym.env"),
-    ("hf_rollouts.envs.reasoning_gym.env.ReasoningGymEnv", "adapters.reasoning_gym.env"),
-    ("hf_rollouts.envs.skyrl.SkyRLGymEnv", "adapters.skyrl.env"),
-    ("hf_rollouts.envs.skyrl.env.SkyRLGymEnv", "adapters.skyrl.env"),
-    ("hf_rollouts.envs.openenv.OpenEnvEnv", "adapters.openenv.env"),
-    ("hf_rollouts.envs.verifiers.VerifiersEnv", "adapters.verifiers.env"),
-]
+# -- stored env_class_path strings: datasets outlive code layouts ------------------------------------
+STORED_ROWS = Path(__file__).parent / "fixtures" / "stored_task_rows"
+"""Task rows saved by main ee0e73a, every path form they hold (tests/fixtures/stored_task_rows.md): registry names
+(package.Class), get_train_dataset's (package.env.Class), and the old homes envs.games.* / envs.adapters.*."""
+PACKAGES = ("twenty_questions", "mastermind", "guess_number", "hidden_function", "arithmetic", "dataset", "textarena",
+            "reasoning_gym", "skyrl", "openenv", "verifiers")  # fmt: skip
 
 
-@pytest.mark.parametrize("path, home", STORED_PATHS)
-def test_stored_env_class_paths_resolve_to_the_one_class(path, home):
+def test_task_rows_saved_by_earlier_versions_still_load(tokenizer, tmp_path):
     import importlib
-    import sys
+    import pathlib
 
-    from hf_rollouts.envs.registry import resolve_env_class
+    from datasets import load_from_disk
 
-    cls = resolve_env_class(path)
-    assert cls.__module__ == f"hf_rollouts.envs.{home}"
-    public = path.rsplit(".", 1)[0]
-    assert importlib.import_module(public) is sys.modules[public]
-    assert getattr(importlib.import_module(public), cls.__name__) is cls  # the same class object, not a copy
-    assert importlib.import_module(public).__spec__.name == importlib.import_module(public).__name__
-    assert class_path(cls).startswith("hf_rollouts.envs.") and ".games." not in class_path(cls)
-    assert ".adapters." not in class_path(cls)
-    assert resolve_env_class(class_path(cls)) is cls
+    import hf_rollouts
+    from hf_rollouts.envs.registry import resolve_env_class, validate_tasks
+    from hf_rollouts.pipeline import generate_rollouts
+
+    stored = load_from_disk(str(STORED_ROWS), keep_in_memory=True)  # no cache file written into the fixture
+    paths = sorted(set(stored["env_class_path"]))
+    assert len(paths) == 46 and sum(".games." in p for p in paths) == 12 and sum(".adapters." in p for p in paths) == 10
+    for path in paths:  # each form resolves to the one class at its public package, which rows store from now on
+        cls = resolve_env_class(path)
+        package = path.split(".")[3] if path.split(".")[2] in ("games", "adapters") else path.split(".")[2]
+        assert cls.__module__ == f"hf_rollouts.envs.{package}.env" and cls.__name__ == path.rsplit(".", 1)[1]
+        assert getattr(importlib.import_module(f"hf_rollouts.envs.{package}"), cls.__name__) is cls
+        assert class_path(cls) == f"hf_rollouts.envs.{package}.env.{cls.__name__}"
+    assert {p.split(".")[2] for p in paths} - {"games", "adapters"} == set(PACKAGES)
+    root = pathlib.Path(hf_rollouts.__file__).parent / "envs"
+    assert not (root / "games").exists() and not (root / "adapters").exists()  # the code is where its name says
+    # the rows with a task play as they did (an adapter whose package is missing here is left out)
+    playable = stored.filter(lambda r: r["task_data"] != {} and "verifiers" not in r["env_class_path"])
+    assert len(playable) >= 30
+    validate_tasks(playable)
+    out = generate_rollouts(playable, ScriptedAgent(["3"]), 1, tokenizer=tokenizer, cache_dir=tmp_path, progress=False)
+    statuses = [s for row in out["statuses"] for s in row]
+    assert len(statuses) == len(playable) and "error" not in statuses, out["errors"]
+    with pytest.raises(ModuleNotFoundError):  # the stub modules went: an import of an old home fails plainly
+        importlib.import_module("hf_rollouts.envs.games.mastermind")
 
 
 def test_rows_store_public_paths_and_the_trust_rule_is_unchanged(tokenizer):
-    from hf_rollouts.envs.public_names import PUBLIC_PACKAGES, home_module, public_module
-    from hf_rollouts.envs.registry import resolve_env_class
+    from hf_rollouts.envs.registry import current_module, resolve_env_class
     from hf_rollouts.schema import TaskValidationError
 
     rows = MastermindEnv(tokenizer, {"max_turns": 2}).get_train_dataset(2)
     assert rows["env_class_path"] == ["hf_rollouts.envs.mastermind.env.MastermindEnv"] * 2
-    for public in PUBLIC_PACKAGES:
-        home = home_module(f"hf_rollouts.envs.{public}.env")
-        assert home.startswith("hf_rollouts.envs.") and public_module(home) == f"hf_rollouts.envs.{public}.env"
-    assert home_module("hf_rollouts.envs.mastermindx") is None and public_module("mypkg.env") == "mypkg.env"
+    assert current_module("hf_rollouts.envs.adapters.adapter") == "hf_rollouts.envs.adapter"
+    assert current_module("hf_rollouts.envs.gamesx.y") == "hf_rollouts.envs.gamesx.y"
+    assert current_module("mypkg.games.env") == "mypkg.games.env"
     with pytest.raises(TaskValidationError, match="outside the modules trusted"):  # the prefix rule, unchanged
         resolve_env_class("hf_rollouts_envs.mastermind.MastermindEnv")
     with pytest.raises(TaskValidationError, match="cannot import module"):
         resolve_env_class("hf_rollouts.envs.mastermind.nope.MastermindEnv")
-    with pytest.raises(ModuleNotFoundError) as missing:  # named by its public name, as for any missing module
-        __import__("hf_rollouts.envs.mastermind.nope")
-    assert missing.value.name == "hf_rollouts.envs.mastermind.nope"
-
-
-def test_public_names_are_plain_modules_and_no_import_hook_is_installed():
-    """Issue 36, item 5: no finder on ``sys.meta_path`` (every import of the process passed through it, and IDEs and
-    type checkers could not resolve the public names); each public name is a file that imports the same objects."""
-    import importlib.util
-    import pathlib
-    import sys
-
-    import hf_rollouts
-    from hf_rollouts.envs.public_names import PUBLIC_PACKAGES
-
-    assert not [f for f in sys.meta_path if type(f).__module__.startswith("hf_rollouts")]
-    root = pathlib.Path(hf_rollouts.__file__).parent / "envs"
-    for public in PUBLIC_PACKAGES:
-        for name, file in ((public, "__init__.py"), (f"{public}.env", "env.py")):
-            spec = importlib.util.find_spec(f"hf_rollouts.envs.{name}")
-            assert spec is not None and pathlib.Path(spec.origin) == root / public / file, name
+    with pytest.raises(TaskValidationError, match="cannot import module 'hf_rollouts.envs.games.mastermind.nope'"):
+        resolve_env_class("hf_rollouts.envs.games.mastermind.nope.MastermindEnv")  # named as the row names it
 
 
 # -- Twenty Questions -----------------------------------------------------------

@@ -14,7 +14,7 @@ from datasets import Dataset, load_dataset, load_from_disk
 
 from hf_rollouts import ScriptedAgent, generate_rollouts, rollout_map
 from hf_rollouts.envs.dataset import DatasetEnv, to_task_rows
-from hf_rollouts.envs.games.guess_number.env import GuessNumberEnv
+from hf_rollouts.envs.guess_number.env import GuessNumberEnv
 from hf_rollouts.integrations.trl.rollout import EXTRA_FIELDS, episode_to_trl_row
 from hf_rollouts.rollout import run_episode
 from hf_rollouts.schema import ROLLOUT_FEATURES, to_task_dataset

@@ -29,9 +29,7 @@ def kb() -> KnowledgeBase:
 
 @pytest.fixture(scope="module")
 def raw() -> dict:
-    text = (
-        resources.files("hf_rollouts.envs.games.twenty_questions").joinpath("objects.json").read_text(encoding="utf-8")
-    )
+    text = resources.files("hf_rollouts.envs.twenty_questions").joinpath("objects.json").read_text(encoding="utf-8")
     return json.loads(text)
 
 

@@ -261,7 +261,7 @@ def test_train_trl_takes_task_rows_from_files(trl_script, tmp_path):
     assert len(rows) == 1 and summary["heldout_after"]["episodes"] == 2
 
 
-# The flags and defaults each script's --help listed before its options moved into hf_rollouts.training.runs
+# The flags and defaults each script's --help listed before its options moved into one module (hf_rollouts.recipes.runs)
 # (captured from main at 69cd5b5): the scripts keep them exactly.
 _COMMON = {"--seed": "0", "--model": "tiny", "--env-config": "None", "--control": "none", "--trainable-layers": "0",
            "--temperature": "1.0", "--quiet": "False"}  # fmt: skip

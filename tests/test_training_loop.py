@@ -19,13 +19,14 @@ from torch.utils.data import DataLoader
 from hf_rollouts.agents.hf import TransformersAgent
 from hf_rollouts.envs.guess_number import GuessNumberEnv
 from hf_rollouts.pipeline import generate_rollouts
+from hf_rollouts.recipes import task_splits
+from hf_rollouts.rounds import collect_rollouts
 from hf_rollouts.training import (
     FLAT_FEATURES,
     RolloutCollator,
     RolloutFilterReport,
     UpdateConfig,
     batch_logprobs,
-    collect_rollouts,
     grpo_update,
     logprob_gap,
     prepare_rollouts,
@@ -33,7 +34,6 @@ from hf_rollouts.training import (
     sft_update,
     shuffle_advantages,
     split_by_logprob_settings,
-    task_splits,
     token_logprobs,
 )
 

@@ -18,8 +18,9 @@ from test_multiprocess import launch_env
 
 from hf_rollouts.agents.hf import TransformersAgent
 from hf_rollouts.envs.guess_number import GuessNumberEnv
+from hf_rollouts.rounds import collect_rollouts
 from hf_rollouts.tiny_model import build_tiny_model
-from hf_rollouts.training import collect_rollouts, prepare_rollouts
+from hf_rollouts.training import prepare_rollouts
 
 WORKER = Path(__file__).resolve().parent / "grpo_update_worker.py"
 

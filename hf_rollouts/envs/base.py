@@ -58,7 +58,6 @@ from ..task_json import decode_task_value
 from ..tools import Tool, Toolbox, run_tool_calls
 from ..types import ToolCall, ToolResult
 from .config import EnvConfig, UnknownConfigKeyWarning
-from .public_names import public_class_path
 
 
 def _declare_tools(env_name: str, tools: list[Any] | None) -> tuple[Toolbox | None, list[dict[str, Any]] | None]:
@@ -326,7 +325,7 @@ class MultistepEnv(ABC):
         return self._dataset("eval", num_tasks)
 
     def _dataset(self, split: str, num_tasks: int | None) -> Dataset:
-        path = public_class_path(type(self))
+        path = f"{type(self).__module__}.{type(self).__qualname__}"  # what registry.class_path stores
         tasks = self._task_list(split, num_tasks)
         return to_task_dataset(
             [{"env_class_path": path, "env_config": dict(self.env_config), "task_data": t} for t in tasks]

@@ -19,7 +19,6 @@ from datasets import Dataset
 from ..schema import TASK_COLUMNS, TaskValidationError, decode_task_columns
 from .base import MultistepEnv, unknown_keys_message
 from .config import EnvConfigError, UnknownConfigKeyWarning
-from .public_names import home_module, public_class_path
 
 ENV_REGISTRY: dict[str, str] = {
     "twenty_questions": "hf_rollouts.envs.twenty_questions.TwentyQuestionsEnv",
@@ -71,10 +70,29 @@ def resolve_env_spec(spec: str) -> tuple[str, dict]:
 TRUSTED_PREFIXES = ("hf_rollouts.envs",)
 
 
+MOVED_MODULES: dict[str, str] = {
+    "hf_rollouts.envs.games": "hf_rollouts.envs",
+    "hf_rollouts.envs.adapters": "hf_rollouts.envs",
+}
+"""Old homes of env code -> where it lives now. For a while the games lived in ``envs/games/<game>/`` and the adapters
+in ``envs/adapters/<adapter>/``, behind stub packages at their public names ``hf_rollouts.envs.<name>``; the library
+stored the public names, but a row written from a class's ``__module__`` then holds an old home, and it still loads
+(:func:`current_module`)."""
+
+
+def current_module(name: str) -> str:
+    """Where module ``name`` lives now (:data:`MOVED_MODULES`: ``hf_rollouts.envs.games.mastermind.env`` ->
+    ``hf_rollouts.envs.mastermind.env``); any other name as it is."""
+    for old, new in MOVED_MODULES.items():
+        if name.startswith(old + "."):
+            return new + name[len(old) :]
+    return name
+
+
 def class_path(cls: type) -> str:
-    """``module.QualName`` of a class, as stored in ``env_class_path`` (a game's or adapter's under its public
-    name, :func:`~.public_names.public_class_path`)."""
-    return public_class_path(cls)
+    """``module.QualName`` of a class, as stored in ``env_class_path`` (a game's or adapter's is
+    ``hf_rollouts.envs.<name>.env.<Class>``)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _module_allowed(module: str, allowed: Iterable[str]) -> bool:
@@ -135,8 +153,8 @@ def resolve_env_class(path: str, allowed_env_modules: Iterable[str] = (), *, whe
             f"allowed_env_modules=[{module_name.split('.')[0]!r}] (CLI: --allow-env-module "
             f"{module_name.split('.')[0]})."
         )
-    try:  # a public name's module where it lives (any stored submodule path loads, public module or not)
-        module = importlib.import_module(home_module(module_name) or module_name)
+    try:  # a module of an old home where it lives now (MOVED_MODULES)
+        module = importlib.import_module(current_module(module_name))
     except ImportError as exc:
         missing = isinstance(exc, ModuleNotFoundError) and exc.name is not None and module_name.startswith(exc.name)
         hint = (

@@ -25,8 +25,7 @@ from huggingface_hub import DatasetCard, DatasetCardData
 
 from .._version import __version__
 from ..envs.base import MultistepEnv
-from ..envs.public_names import public_class_path
-from ..envs.registry import resolve_env_class
+from ..envs.registry import class_path, resolve_env_class
 from ..schema import COLUMN_HELP, LOGPROB_CONVENTION_KEY, TaskValidationError
 from ..task_json import decode_task_value
 from .stats import compute_stats
@@ -111,7 +110,7 @@ def env_config_tables(env_configs: list[tuple[str, dict[str, Any]]]) -> list[dic
         table: dict[str, Any] = {"path": path, "name": path.rsplit(".", 1)[-1], "config_class": None, "rows": None}
         if cls is not None:
             config_class = cls.config_class
-            table["config_class"] = public_class_path(config_class)
+            table["config_class"] = class_path(config_class)
             table["rows"] = [
                 {
                     "key": _code(row["key"]),

@@ -1,9 +1,10 @@
-"""From a rollout dataset to GRPO/PPO training batches and a loss.
+"""From a rollout dataset to GRPO/PPO training batches, a loss and an update: the math on rollout data, which knows
+no envs, agents or pipeline (a round's rollouts come from :func:`hf_rollouts.rounds.collect_rollouts`; a run's
+options, policy, task splits and reports from :mod:`hf_rollouts.recipes`).
 
-The loop pieces (:mod:`.loop`): :func:`collect_rollouts` (a round of fresh rollouts, never a cache replay),
-:func:`grpo_update` (one GRPO update over a prepared round: minibatches, clipping, optional KL, gradient clipping,
-several processes through accelerate), :func:`sft_update` (an imitation warm start on demonstrations, loss on agent
-tokens only); held-out success is :func:`hf_rollouts.evaluation.evaluate_agent`.
+The update (:mod:`.update`): :func:`grpo_update` (one GRPO update over a prepared round: minibatches, clipping,
+optional KL, gradient clipping, several processes through accelerate), :func:`sft_update` (an imitation warm start on
+demonstrations, loss on agent tokens only); held-out success is :func:`hf_rollouts.evaluation.evaluate_agent`.
 
 Underneath, three pieces, usable separately:
 
@@ -53,18 +54,9 @@ from .collate import RolloutCollator
 from .control import shuffle_advantages
 from .convention import check_logprob_convention, read_logprob_convention, split_by_logprob_settings
 from .data import FLAT_FEATURES, PreparedRollouts, load_rollouts, prepare_rollouts
-from .loop import (
-    UpdateConfig,
-    UpdateMetrics,
-    collect_rollouts,
-    flush_denormals,
-    grpo_update,
-    sft_update,
-    task_splits,
-)
 from .loss import batch_logprobs, grpo_loss, model_device, token_logprobs
 from .partial import train_top_layers
-from .report import save_learning_curve, write_summary
+from .update import UpdateConfig, UpdateMetrics, flush_denormals, grpo_update, sft_update
 
 __all__ = [
     "ADVANTAGE_MODES",
@@ -79,7 +71,6 @@ __all__ = [
     "UpdateMetrics",
     "batch_logprobs",
     "check_logprob_convention",
-    "collect_rollouts",
     "flush_denormals",
     "group_advantages",
     "grpo_loss",
@@ -91,10 +82,32 @@ __all__ = [
     "read_logprob_convention",
     "sft_update",
     "shuffle_advantages",
-    "save_learning_curve",
     "split_by_logprob_settings",
-    "task_splits",
     "token_logprobs",
     "train_top_layers",
-    "write_summary",
 ]
+
+MOVED = {
+    "collect_rollouts": "from hf_rollouts.rounds import collect_rollouts",
+    "task_splits": "from hf_rollouts.recipes import task_splits",
+    "write_summary": "from hf_rollouts.recipes import write_summary",
+    "save_learning_curve": "from hf_rollouts.recipes import save_learning_curve",
+    "runs": "from hf_rollouts.recipes import runs",
+    "demonstrations": "from hf_rollouts.recipes import demonstrations",
+    "report": "from hf_rollouts.recipes import report",
+    "loop": "from hf_rollouts.training import grpo_update, sft_update` (training/update.py) and "
+    "`from hf_rollouts.rounds import collect_rollouts",
+}
+"""Names that left ``hf_rollouts.training`` when it became the math alone (issue 42) -> the import to write now."""
+
+
+def __getattr__(name: str):
+    """An import of a name that moved out says where it went (``from hf_rollouts.training import collect_rollouts``:
+    ``from hf_rollouts.rounds import collect_rollouts``)."""
+    if name in MOVED:
+        raise ImportError(
+            f"hf_rollouts.training.{name} moved: training is the math on rollout data and knows no envs, agents or "
+            f"pipeline. Write `{MOVED[name]}`.",
+            name=f"hf_rollouts.training.{name}",
+        )
+    raise AttributeError(f"module 'hf_rollouts.training' has no attribute {name!r}")

@@ -1,11 +1,4 @@
-"""``hf_rollouts.envs.arithmetic``, the public name of :mod:`hf_rollouts.envs.games.arithmetic`.
-
-Task rows' ``env_class_path`` and users' imports name it; these are the objects defined there.
-"""
-
-from __future__ import annotations
-
-from ..games.arithmetic import (
+from .env import (
     PHRASINGS,
     ArithmeticConfig,
     ArithmeticEnv,
@@ -16,11 +9,11 @@ from ..games.arithmetic import (
 )
 
 __all__ = [
+    "PHRASINGS",
     "ArithmeticConfig",
     "ArithmeticEnv",
     "CalculatorConfig",
     "CalculatorEnv",
-    "PHRASINGS",
     "calculator",
     "last_integer",
 ]

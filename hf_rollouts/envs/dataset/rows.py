@@ -28,8 +28,7 @@ from ...schema import TASK_COLUMNS, TASK_FEATURES, TaskValidationError, encode_t
 from ...sources import load_dataset_source
 from ...verify import Rubric, TaskFieldError, check_extraction, extract_answer
 from ..config import EnvConfigError
-from ..public_names import public_class_path
-from ..registry import check_modules_allowed
+from ..registry import check_modules_allowed, class_path
 from .env import DatasetEnv, check_system_prompt, prompt_parts
 
 CODE_ENV_CONFIG: dict[str, Any] = {"verifier": "code", "extraction": "code"}
@@ -142,7 +141,7 @@ class TaskRows:
             task["answer"] = answer
         if self.tests_column is not None:
             task["test"] = row[self.tests_column]
-        return {"env_class_path": public_class_path(DatasetEnv), "env_config": dict(self.env_config), "task_data": task}
+        return {"env_class_path": class_path(DatasetEnv), "env_config": dict(self.env_config), "task_data": task}
 
 
 def to_task_rows(dataset: Dataset, *, allowed_env_modules: Iterable[str] = (), **options: Any) -> Dataset:

@@ -1,10 +1,8 @@
-"""``hf_rollouts.envs.openenv``, the public name of :mod:`hf_rollouts.envs.adapters.openenv`.
+"""OpenEnv environment servers (optional dependency: ``pip install "hf_rollouts[openenv]"``).
 
-Task rows' ``env_class_path`` and users' imports name it; these are the objects defined there.
+Importing this package does not import ``openenv``; constructing an :class:`OpenEnvEnv` does.
 """
 
-from __future__ import annotations
-
-from ..adapters.openenv import OpenEnvConfig, OpenEnvEnv, OpenEnvEpisode
+from .env import OpenEnvConfig, OpenEnvEnv, OpenEnvEpisode
 
 __all__ = ["OpenEnvConfig", "OpenEnvEnv", "OpenEnvEpisode"]

@@ -1,10 +1,8 @@
-"""``hf_rollouts.envs.skyrl``, the public name of :mod:`hf_rollouts.envs.adapters.skyrl`.
+"""SkyRL-gym text environments (optional dependency: ``pip install "hf_rollouts[skyrl]"``).
 
-Task rows' ``env_class_path`` and users' imports name it; these are the objects defined there.
+Importing this package does not import ``skyrl_gym``; constructing a :class:`SkyRLGymEnv` does.
 """
 
-from __future__ import annotations
-
-from ..adapters.skyrl import SkyRLEpisode, SkyRLGymConfig, SkyRLGymEnv, skyrl_task
+from .env import SkyRLEpisode, SkyRLGymConfig, SkyRLGymEnv, skyrl_task
 
 __all__ = ["SkyRLEpisode", "SkyRLGymConfig", "SkyRLGymEnv", "skyrl_task"]

@@ -1,16 +1,9 @@
-"""``hf_rollouts.envs.textarena``, the public name of :mod:`hf_rollouts.envs.adapters.textarena`.
+"""Single-player TextArena games (optional dependency: ``pip install "hf_rollouts[textarena]"``).
 
-Task rows' ``env_class_path`` and users' imports name it; these are the objects defined there.
+Importing this package does not import ``textarena``; constructing a
+:class:`TextArenaEnv` does, and says how to install it when it is missing.
 """
 
-from __future__ import annotations
-
-from ..adapters.textarena import (
-    RESERVED_KEYS,
-    TextArenaEnv,
-    TextArenaEpisode,
-    TextArenaGameUnavailable,
-    import_textarena,
-)
+from .env import RESERVED_KEYS, TextArenaEnv, TextArenaEpisode, TextArenaGameUnavailable, import_textarena
 
 __all__ = ["RESERVED_KEYS", "TextArenaEnv", "TextArenaEpisode", "TextArenaGameUnavailable", "import_textarena"]

@@ -1,10 +1,8 @@
-"""``hf_rollouts.envs.verifiers``, the public name of :mod:`hf_rollouts.envs.adapters.verifiers`.
+"""verifiers environments, classic API (optional dependency: ``pip install "hf_rollouts[verifiers]"``).
 
-Task rows' ``env_class_path`` and users' imports name it; these are the objects defined there.
+Importing this package does not import ``verifiers``; constructing a :class:`VerifiersEnv` does.
 """
 
-from __future__ import annotations
-
-from ..adapters.verifiers import VerifiersConfig, VerifiersEnv, VerifiersEpisode, module_of
+from .env import VerifiersConfig, VerifiersEnv, VerifiersEpisode, module_of
 
 __all__ = ["VerifiersConfig", "VerifiersEnv", "VerifiersEpisode", "module_of"]

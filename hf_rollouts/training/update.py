@@ -1,14 +1,15 @@
-"""The pieces of a training loop: collect a round of rollouts, one GRPO update over them, an SFT warm start.
+"""One update over a round's rollouts: :func:`grpo_update` (GRPO, under accelerate too), :func:`sft_update` (an
+imitation warm start); :func:`flush_denormals` for small random-weight models on x86 CPUs.
 
-A GRPO round with these pieces (docs/guides/training.md runs it)::
+A GRPO round (docs/guides/training.md runs it; :func:`hf_rollouts.rounds.collect_rollouts` plays the round)::
 
     rollouts = collect_rollouts(tasks, agent, 8, seed=round_seed)          # fresh samples, never a cache replay
     prepared = prepare_rollouts(rollouts, flatten=True, drop_constant_groups=True, progress=False)
     metrics = grpo_update(agent.model, optimizer, prepared, pad_token_id=tokenizer.pad_token_id, seed=round_seed)
 
-``agent.model`` *is* the policy: the update changes its weights in place, so the next :func:`collect_rollouts`
+``agent.model`` *is* the policy: the update changes its weights in place, so the next ``collect_rollouts``
 samples from the updated policy (and the agent's fingerprint, which holds a probe of the weights, moves with it).
-Modes: :func:`collect_rollouts` puts the model in ``eval()`` (no dropout while sampling); :func:`grpo_update` and
+Modes: ``collect_rollouts`` puts the model in ``eval()`` (no dropout while sampling); :func:`grpo_update` and
 :func:`sft_update` put it in ``train()`` for their steps and leave it in ``eval()``, ready to sample again.
 
 Held-out success with an interval is :func:`hf_rollouts.evaluation.evaluate_agent`.
@@ -24,63 +25,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import shutil
-import tempfile
-import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from datasets import Dataset
 
-from ..distributed import process_state
-from ..pipeline import generate_rollouts
 from .collate import RolloutCollator
 from .convention import check_logprob_convention, dataset_logprob_convention
 from .data import PreparedRollouts
 from .loss import batch_logprobs, grpo_loss, model_device, token_logprobs
 
 logger = logging.getLogger("hf_rollouts.training")
-
-
-def collect_rollouts(
-    tasks: Dataset, agent: Any, num_rollouts: int, *, seed: int, cache_dir: str | Path | None = None, **options: Any
-) -> Dataset:
-    """One round of rollouts of the agent as it is now: :func:`~hf_rollouts.pipeline.generate_rollouts` that never
-    reads a cache (``load_from_cache_file=False``: a training loop must never replay an earlier round), with no
-    progress bar, and the agent's ``model`` (if any) in ``eval()`` mode.
-
-    ``cache_dir``: where the shard files go; by default a temporary directory removed when the returned dataset is
-    garbage collected. Give each round its own ``seed`` (``derive_seed("my_run", seed, round)``). ``options`` go to
-    ``generate_rollouts``.
-    """
-    model = getattr(agent, "model", None)
-    if isinstance(model, torch.nn.Module):
-        model.eval()
-    scratch = None
-    if cache_dir is None:
-        scratch = cache_dir = _shared_scratch()
-    options.setdefault("progress", False)
-    rollouts = generate_rollouts(
-        tasks, agent, num_rollouts, seed=seed, cache_dir=cache_dir, load_from_cache_file=False, **options
-    )
-    if scratch is not None and process_state().is_main_process:
-        weakref.finalize(rollouts, shutil.rmtree, scratch, True)
-    return rollouts
-
-
-def _shared_scratch() -> str | None:
-    """A new temporary directory, the main process's in every process of a distributed run (the processes executor
-    reads the other processes' shard files there)."""
-    state = process_state()
-    path = tempfile.mkdtemp(prefix="hf_rollouts_round_") if state.is_main_process else None
-    if state.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-
-        path = broadcast_object_list([path])[0]
-    return path
 
 
 @dataclass(frozen=True)
@@ -314,36 +271,6 @@ def sft_update(
     finally:
         model.eval()
     return losses
-
-
-def task_splits(
-    tokenizer: Any,
-    *,
-    env: str | None = None,
-    env_config: dict[str, Any] | None = None,
-    tasks: str | Path | Dataset | None = None,
-    eval_tasks: str | Path | Dataset | None = None,
-    num_train: int = 0,
-    num_eval: int = 0,
-) -> tuple[Dataset | None, Dataset | None]:
-    """``(train rows, held-out rows)`` of a training run. Train rows: ``tasks`` (a task-row dataset or file,
-    :func:`hf_rollouts.sources.load_tasks`) or ``num_train`` rows of ``env``'s train split (``None`` for 0). Held-out
-    rows: the first ``num_eval`` of ``eval_tasks`` or of ``env``'s eval split (``None`` for 0). ``env`` (a registered
-    name or class path, built with ``env_config``) is needed only for what the files do not give."""
-    from ..envs import get_env_class
-    from ..sources import load_tasks
-
-    built = None
-    if (tasks is None and num_train) or (eval_tasks is None and num_eval):
-        if env is None:
-            raise ValueError("task_splits needs env= (a registered env name) or task rows (tasks=, eval_tasks=).")
-        built = get_env_class(env)(tokenizer, env_config or {})
-    train = load_tasks(tasks) if tasks is not None else built.get_train_dataset(num_train) if num_train else None
-    held = None
-    if num_eval:
-        held = load_tasks(eval_tasks) if eval_tasks is not None else built.get_eval_dataset(num_eval)
-        held = held.select(range(min(num_eval, len(held))))
-    return train, held
 
 
 @contextlib.contextmanager

@@ -66,7 +66,8 @@ class TaskFileOptions:
 
 @dataclass
 class RoundOptions:
-    """Our generate-then-update rounds (:func:`~.loop.collect_rollouts`, :func:`~.loop.grpo_update`)."""
+    """Our generate-then-update rounds (:func:`~hf_rollouts.rounds.collect_rollouts`,
+    :func:`~hf_rollouts.training.grpo_update`)."""
 
     iterations: int = flag(20, "GRPO generate-then-update rounds.")
     tasks_per_iter: int = flag(32, "Task rows (GRPO groups) per iteration.")
@@ -126,7 +127,7 @@ def load_policy(options: Any, *, spec: str | None = None, suffix: str | None = N
 
     from ..agents.hf import TransformersAgent
     from ..agents.loading import load_agent
-    from .partial import train_top_layers
+    from ..training.partial import train_top_layers
 
     torch.manual_seed(options.seed)
     loaded = load_agent(spec or options.model, model_seed=options.seed)

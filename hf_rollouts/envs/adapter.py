@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, ClassVar
 
-from ...types import is_finite_number, is_number
-from ..base import MultistepEnv
+from ..types import is_finite_number, is_number
+from .base import MultistepEnv
 
 
 def package_version(distribution: str) -> str | None:

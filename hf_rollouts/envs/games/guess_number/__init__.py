@@ -1,3 +1,0 @@
-from .env import GuessNumberEnv
-
-__all__ = ["GuessNumberEnv"]

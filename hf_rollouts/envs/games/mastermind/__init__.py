@@ -1,3 +1,0 @@
-from .env import MastermindEnv, score_guess
-
-__all__ = ["MastermindEnv", "score_guess"]
