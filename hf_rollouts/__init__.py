@@ -12,6 +12,7 @@ from .mapping import RolloutMap, rollout_map
 from .pipeline import generate_rollouts
 from .schema import ROLLOUT_COLUMNS, TASK_FEATURES
 from .types import Action, AgentRequest, Episode
+from .viewer import view
 
 __all__ = [
     "Action",
@@ -27,4 +28,5 @@ __all__ = [
     "__version__",
     "generate_rollouts",
     "rollout_map",
+    "view",
 ]

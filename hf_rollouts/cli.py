@@ -399,21 +399,44 @@ def cmd_check_template(argv: list[str]) -> int:
     return 0 if report.ok else 1
 
 
-COMMANDS = {"tasks": cmd_tasks, "generate": cmd_generate, "inspect": cmd_inspect, "check-template": cmd_check_template}
+def view_parser() -> HfArgumentParser:
+    from .viewer.command import view_parser as parser
+
+    return parser()
+
+
+def cmd_view(argv: list[str]) -> int:
+    from .viewer.command import run_view
+
+    try:
+        return run_view(argv)
+    except (FileNotFoundError, KeyError, ValueError) as exc:  # a path, split or dataset that cannot be shown
+        raise UsageError(one_line(exc)) from exc
+
+
+COMMANDS = {
+    "tasks": cmd_tasks,
+    "generate": cmd_generate,
+    "inspect": cmd_inspect,
+    "check-template": cmd_check_template,
+    "view": cmd_view,
+}
 PARSERS = {
     "tasks": tasks_parser,
     "generate": generate_parser,
     "inspect": inspect_parser,
     "check-template": check_template_parser,
+    "view": view_parser,
 }
 """Each command's argument parser (what ``hf-rollouts COMMAND --help`` prints); the docs' commands are checked
 against them (tests/test_docs.py)."""
-USAGE = """usage: hf-rollouts {tasks,generate,inspect,check-template} [options]
+USAGE = """usage: hf-rollouts {tasks,generate,inspect,check-template,view} [options]
 
   tasks           write a task dataset for an environment
   generate        play episodes and write a rollout dataset (+ parquet, card; optional Hub push)
   inspect         print a rollout dataset's statistics and one trajectory
   check-template  check a model's chat template against hf_rollouts' delta rendering (exit 1 on a defect)
+  view            look at a rollout dataset in the browser (a local web viewer; --html writes one page)
 
 Run `hf-rollouts COMMAND --help` for a command's options. Errors are one `error:` line (exit code 2: fix the command
 or its input; 1: the run failed); add --debug (anywhere) for the traceback."""
