@@ -24,6 +24,7 @@ from typing import Any
 from transformers import HfArgumentParser
 
 from .cli_options import CheckTemplateArgs, GenerateArgs, InspectArgs, TasksArgs
+from .viewer.command import run_view, view_parser
 
 
 class UsageError(Exception):
@@ -399,28 +400,8 @@ def cmd_check_template(argv: list[str]) -> int:
     return 0 if report.ok else 1
 
 
-def view_parser() -> HfArgumentParser:
-    from .viewer.command import view_parser as parser
-
-    return parser()
-
-
-def cmd_view(argv: list[str]) -> int:
-    from .viewer.command import run_view
-
-    try:
-        return run_view(argv)
-    except (FileNotFoundError, KeyError, ValueError) as exc:  # a path, split or dataset that cannot be shown
-        raise UsageError(one_line(exc)) from exc
-
-
-COMMANDS = {
-    "tasks": cmd_tasks,
-    "generate": cmd_generate,
-    "inspect": cmd_inspect,
-    "check-template": cmd_check_template,
-    "view": cmd_view,
-}
+COMMANDS = {"tasks": cmd_tasks, "generate": cmd_generate, "inspect": cmd_inspect, "check-template": cmd_check_template}
+COMMANDS["view"] = run_view  # hf_rollouts.viewer.command
 PARSERS = {
     "tasks": tasks_parser,
     "generate": generate_parser,
@@ -436,7 +417,7 @@ USAGE = """usage: hf-rollouts {tasks,generate,inspect,check-template,view} [opti
   generate        play episodes and write a rollout dataset (+ parquet, card; optional Hub push)
   inspect         print a rollout dataset's statistics and one trajectory
   check-template  check a model's chat template against hf_rollouts' delta rendering (exit 1 on a defect)
-  view            look at a rollout dataset in the browser (a local web viewer; --html writes one page)
+  view            look at a rollout dataset in a local web viewer (--html writes one self-contained page)
 
 Run `hf-rollouts COMMAND --help` for a command's options. Errors are one `error:` line (exit code 2: fix the command
 or its input; 1: the run failed); add --debug (anywhere) for the traceback."""

@@ -59,6 +59,13 @@ def _card_provenance(card: str | None) -> dict[str, Any]:
     return out
 
 
+def _settings(settings: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Recorded sampling settings as written (float32 ``1.2000000476837158`` shown as ``1.2``)."""
+    if settings is None:
+        return None
+    return {k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in settings.items()}
+
+
 def _sampling(ds) -> list[dict[str, Any]]:
     """Distinct ``logprob_settings`` of the rollouts, with counts (the recorded sampling settings)."""
     if "logprob_settings" not in ds.column_names:
@@ -66,7 +73,7 @@ def _sampling(ds) -> list[dict[str, Any]]:
     counts: Counter[str] = Counter()
     for row in ds.data.column("logprob_settings").to_pylist():
         for s in row or []:
-            counts[json.dumps(s, sort_keys=True)] += 1
+            counts[json.dumps(_settings(s), sort_keys=True)] += 1
     return [{"settings": json.loads(k), "rollouts": n} for k, n in counts.most_common()]
 
 
@@ -350,7 +357,7 @@ def rollout(opened: Opened, row: int, i: int) -> dict[str, Any]:
         "infos": _json_or_text(col("infos")),
         "messages": col("conversations", []),
         "tool_calls": col("tool_calls", []),
-        "logprob_settings": col("logprob_settings"),
+        "logprob_settings": _settings(col("logprob_settings")),
         "has_logprobs": logprobs is not None,
         "decoded": opened.tokenizer is not None,
         "segments": segments,

@@ -41,13 +41,18 @@ def view_parser() -> HfArgumentParser:
 
 
 def run_view(argv: list[str]) -> int:
-    """Open the dataset(s), then write the page (``--html``) or print the address and serve until interrupted."""
+    """Open the dataset(s), then write the page (``--html``) or print the address and serve until interrupted. A
+    dataset that cannot be opened is one ``error:`` line and exit code 2, as in the rest of the CLI."""
     args, ns = view_parser().parse_args_into_dataclasses(argv)
     from .server import Viewer, ViewerServer, render_html
     from .source import open_rollouts
 
-    main = open_rollouts(ns.path, args.tokenizer, args.split)
-    other = open_rollouts(args.compare, args.tokenizer or main.tokenizer, args.split) if args.compare else None
+    try:
+        main = open_rollouts(ns.path, args.tokenizer, args.split)
+        other = open_rollouts(args.compare, args.tokenizer or main.tokenizer, args.split) if args.compare else None
+    except (FileNotFoundError, KeyError, ValueError) as exc:  # a path, split or dataset that cannot be shown
+        print(f"error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)  # the CLI's one-line errors, exit 2
+        return 2
     for note in main.notes + (other.notes if other else []):
         print(note)
     if args.html:

@@ -246,7 +246,7 @@ function rolloutCard(r, ds, row, open) {
       el("span", { class: "k", text: "tool calls" }), el("span", { text: fmt(r.tool_calls) })),
     r.error ? el("pre", { class: "reason error", text: r.error }) : null,
     reason !== null ? el("pre", { class: "reason", text: "reason: " + pretty(reason) }) : null,
-    infos !== null && infos !== undefined ? el("details", {}, el("summary", { text: "infos (the verifier's decision)" }),
+    infos !== null && infos !== undefined ? el("details", { open: true }, el("summary", { text: "infos (the verifier's decision)" }),
       el("pre", { class: "infos", text: pretty(infos) })) : null,
     el("div", { class: "muted", text: "last reply" }), el("pre", { class: "last-reply", text: r.last_reply }),
     open ? el("button", { class: "open-rollout", text: "open rollout →", onclick: () => go(["rollout", row, r.rollout], { ds }) }) : null);
