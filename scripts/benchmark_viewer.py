@@ -96,9 +96,12 @@ def synthetic(n: int, seed: int = 0) -> Dataset:
     return Dataset(table, info=DatasetInfo(features=features))
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int) -> str:
+    """Resident memory: all of it, and its anonymous part (what the process itself holds; the rest is mapped files,
+    the Arrow data among them: page cache the kernel can drop), in MB."""
     status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"VmRSS:\s+(\d+)", status)[1]) / 1024
+    total, anon = (int(re.search(rf"{key}:\s+(\d+)", status)[1]) / 1024 for key in ("VmRSS", "RssAnon"))
+    return f"{total:.0f} (anon {anon:.0f})"
 
 
 def fetch(url: str) -> bytes:
@@ -137,13 +140,16 @@ def measure(path: Path) -> dict:
     return out
 
 
-def baseline_rss() -> float:
+def baseline_rss() -> str:
     code = (
         "import hf_rollouts.cli, hf_rollouts.viewer.server, re, pathlib\n"
         "status = pathlib.Path('/proc/self/status').read_text()\n"
-        "print(int(re.search(r'VmRSS:\\s+(\\d+)', status)[1]) / 1024)"
+        "print(*(int(re.search(k + r':\\s+(\\d+)', status)[1]) // 1024 for k in ('VmRSS', 'RssAnon')))"
     )
-    return float(subprocess.check_output([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)}))
+    total, anon = subprocess.check_output(
+        [sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)}
+    ).split()
+    return f"{int(total)} (anon {int(anon)})"
 
 
 def main() -> None:
@@ -151,7 +157,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 50000])
     parser.add_argument("--dir", type=Path, default=Path("/tmp/viewer_bench"))
     args = parser.parse_args()
-    print(f"baseline: a process that imports hf_rollouts and the viewer holds {baseline_rss():.0f} MB")
+    print(f"baseline: a process that imports hf_rollouts and the viewer holds {baseline_rss()} MB")
     for n in args.sizes:
         path = args.dir / f"rows{n}"
         if not (path / "state.json").is_file():
@@ -160,7 +166,8 @@ def main() -> None:
             print(f"wrote {n} rows in {time.perf_counter() - t:.1f} s")
         size = sum(f.stat().st_size for f in path.glob("*.arrow")) / 2**20
         result = measure(path)
-        print(json.dumps({"rows": n, "arrow_mb": round(size), **{k: round(v, 3) for k, v in result.items()}}))
+        rounded = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
+        print(json.dumps({"rows": n, "arrow_mb": round(size), **rounded}))
 
 
 if __name__ == "__main__":

@@ -55,13 +55,20 @@ def shoot(before: Path, after: Path, out: Path) -> list[Path]:
     written = []
     try:
         for name, fragment in VIEWS.items():
+            browser.set_window_size(1280, 700)  # measured from a short window: the page's own height below
             browser.get(server.url + fragment.format(row=row, rollout=rollout, pair=row))
             time.sleep(2.5)  # the page's requests, and the run's statistics computed in the background
             if name == "run":
                 browser.refresh()
                 time.sleep(1.5)
             height = browser.execute_script("return document.documentElement.scrollHeight")
-            browser.set_window_size(1280, min(max(height, 600), 2000))  # the whole view, up to a tall page
+            browser.set_window_size(1280, min(max(height + 160, 600), 2200))  # the whole view, up to a tall page
+            if name == "rollout":  # hover an agent token: its tooltip (text, id, log-prob, reward)
+                from selenium.webdriver.common.action_chains import ActionChains
+
+                tokens = browser.find_elements("css selector", "#tokens .tok.agent")
+                ActionChains(browser).move_to_element(tokens[min(3, len(tokens) - 1)]).perform()
+                time.sleep(0.3)
             path = out / f"{name}.png"
             browser.save_screenshot(str(path))
             written.append(path)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..publish.stats import compute_stats
@@ -113,7 +112,10 @@ def summary(opened: Opened, index: TaskIndex, table: list[list[str]] | None) -> 
         "statuses": dict(statuses),
         "histogram": histogram(rewards),
         "mean_reward": mean,
-        "mean_reward_interval": [mean - half, mean + half] if half is not None else None,
+        # the normal interval, kept within the rewards seen (a 0/1 reward's mean is never below 0)
+        "mean_reward_interval": [max(mean - half, min(finite)), min(mean + half, max(finite))]
+        if half is not None
+        else None,
         "solve_rate": sum(verdicts) / len(verdicts) if verdicts else None,
         "solve_rate_interval": wilson(sum(verdicts), len(verdicts)),
         "judged": len(verdicts),
@@ -132,24 +134,20 @@ def table_columns(index: TaskIndex) -> list[str]:
     return ["row", "env", "mean_reward", "solved", "done", "truncated", "error", "turns", "length", *index.extra]
 
 
-def _conversation_content(ds) -> tuple[pa.Array, pa.Array]:
-    """Every message's content and the row it belongs to (read from the Arrow column, not decoded row by row)."""
-    column = ds.data.column("conversations")
-    chunk = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    rows = pc.list_parent_indices(chunk)
-    rollouts = pc.list_flatten(chunk)
-    messages = pc.list_flatten(rollouts)
-    owner = pc.take(rows, pc.list_parent_indices(rollouts))
-    return pc.struct_field(messages, "content"), owner
-
-
 def search_rows(opened: Opened, text: str) -> set[int]:
-    """Rows whose conversation text contains ``text`` (case-insensitive)."""
-    if "conversations" not in opened.dataset.column_names or not len(opened.dataset):
+    """Rows whose conversation text contains ``text`` (case-insensitive), read from the Arrow column one record batch
+    at a time (no row is decoded)."""
+    if "conversations" not in opened.dataset.column_names:
         return set()
-    content, owner = _conversation_content(opened.dataset)
-    hits = pc.match_substring(content, text, ignore_case=True)
-    return set(pc.filter(owner, pc.fill_null(hits, False)).to_pylist())
+    found: set[int] = set()
+    start = 0
+    for chunk in opened.dataset.data.column("conversations").chunks:
+        rollouts = pc.list_flatten(chunk)
+        owner = pc.take(pc.list_parent_indices(chunk), pc.list_parent_indices(rollouts))
+        hits = pc.match_substring(pc.struct_field(pc.list_flatten(rollouts), "content"), text, ignore_case=True)
+        found.update(start + i for i in pc.filter(owner, pc.fill_null(hits, False)).to_pylist())
+        start += len(chunk)
+    return found
 
 
 def _matches(value: Any, op: str, target: str) -> bool:
@@ -288,14 +286,14 @@ def group(opened: Opened, row: int) -> dict[str, Any]:
                 "rollout": i,
                 "reward": json_number(reward),
                 "status": status,
-                "solved": (item.get("solved") or [None] * len(rewards))[i],
+                "verdict": (item.get("solved") or [None] * len(rewards))[i],
                 "advantage": json_number(grpo[i]),
                 "advantage_mean_baseline": json_number(baseline[i]),
                 "turns": (item.get("num_turns") or [None] * len(rewards))[i],
                 "cut_turns": (item.get("num_cut_turns") or [None] * len(rewards))[i],
                 "error": (item.get("errors") or [None] * len(rewards))[i],
-                "infos": _json_or_text((item.get("infos") or [None] * len(rewards))[i]),
-                "tool_calls": (item.get("num_tool_calls") or [0] * len(rewards))[i],
+                "decision": _json_or_text((item.get("infos") or [None] * len(rewards))[i]),
+                "calls": (item.get("num_tool_calls") or [0] * len(rewards))[i],
                 "tokens": sum(masks["padded_full_attention_mask"][i]) if masks else None,
                 "agent_tokens": sum(masks["padded_agent_token_mask"][i]) if masks else None,
                 "last_reply": replies[-1][:600] if replies else "",
@@ -350,14 +348,14 @@ def rollout(opened: Opened, row: int, i: int) -> dict[str, Any]:
         "rollout": i,
         "reward": json_number(col("final_rewards")),
         "status": col("statuses"),
-        "solved": col("solved"),
+        "verdict": col("solved"),
         "turns": col("num_turns"),
         "cut_turns": col("num_cut_turns"),
         "error": col("errors"),
-        "infos": _json_or_text(col("infos")),
+        "decision": _json_or_text(col("infos")),
         "messages": col("conversations", []),
-        "tool_calls": col("tool_calls", []),
-        "logprob_settings": _settings(col("logprob_settings")),
+        "calls": col("tool_calls", []),
+        "sampling": _settings(col("logprob_settings")),
         "has_logprobs": logprobs is not None,
         "decoded": opened.tokenizer is not None,
         "segments": segments,

@@ -112,6 +112,24 @@ def _per_rollout(table: pa.Table, name: str) -> list[list[Any]] | None:
     return None if column is None else column.to_pylist()
 
 
+def _longest(table: pa.Table, rows: int) -> np.ndarray:
+    """Each row's longest rollout, in tokens, from the list offsets of the id column alone (no token is read)."""
+    column = _column(table, "padded_full_attention_mask")
+    if column is None:
+        return np.zeros(rows, dtype=np.int64)
+    out = []
+    for chunk in column.chunks:  # one record batch at a time: nothing is combined or copied
+        per_row = pc.fill_null(pc.list_value_length(chunk), 0).to_numpy(zero_copy_only=False)
+        per_rollout = pc.list_value_length(pc.list_flatten(chunk)).to_numpy(zero_copy_only=False)
+        starts = np.concatenate([[0], np.cumsum(per_row)[:-1]]).astype(np.int64)
+        longest = np.zeros(len(per_row), dtype=np.int64)
+        full = per_row > 0
+        if full.any():
+            longest[full] = np.maximum.reduceat(np.append(per_rollout, 0), starts)[full]
+        out.append(longest)
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
 def _is_scalar(dtype: pa.DataType) -> bool:
     return (
         pa.types.is_integer(dtype)
@@ -147,13 +165,7 @@ class TaskIndex:
         solved = _per_rollout(table, "solved") or [[None] * len(r) for r in rewards]
         envs = _column(table, "env_class_path")
         env = [p.rsplit(".", 1)[-1] for p in envs.to_pylist()] if envs is not None else [""] * len(rewards)
-        ids = _column(table, "padded_full_token_ids")
-        if ids is not None:  # the first rollout's padded length, from the list offsets (no token is read)
-            ids = ids.combine_chunks() if ids.num_chunks != 1 else ids.chunk(0)
-            firsts = pc.list_element(ids, 0) if len(ids) else pa.array([], ids.type.value_type)
-            length = pc.fill_null(pc.list_value_length(firsts), 0).to_numpy(zero_copy_only=False)
-        else:
-            length = np.zeros(len(rewards), dtype=np.int64)
+        length = _longest(table, len(rewards))
         means = np.array([np.nanmean(r) if any(np.isfinite(r)) else np.nan for r in rewards], dtype=np.float64)
         extra = {
             name: table.column(name).to_pylist()

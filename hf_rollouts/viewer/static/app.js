@@ -232,18 +232,18 @@ async function showTasks(parts, params) {
 
 // -- a group ----------------------------------------------------------------------------------------------
 function rolloutCard(r, ds, row, open) {
-  const infos = r.infos;
+  const infos = r.decision;
   const reason = infos && typeof infos === "object" ? (infos.reason ?? infos.error ?? null) : null;
   return el("div", { class: "card rollout-card", "data-rollout": r.rollout },
     el("h4", {}, `rollout ${r.rollout} `, statusBadge(r.status)),
     el("div", { class: "kv" },
       el("span", { class: "k", text: "final reward" }), el("span", { class: "reward", text: fmt(r.reward) }),
-      el("span", { class: "k", text: "solved" }), el("span", { text: fmt(r.solved) }),
+      el("span", { class: "k", text: "solved" }), el("span", { text: fmt(r.verdict) }),
       el("span", { class: "k", text: "GRPO advantage" }), el("span", { class: "advantage", text: fmt(r.advantage) }),
       el("span", { class: "k", text: "reward − group mean" }), el("span", { text: fmt(r.advantage_mean_baseline) }),
       el("span", { class: "k", text: "turns (cut)" }), el("span", { text: `${fmt(r.turns)} (${fmt(r.cut_turns)})` }),
       el("span", { class: "k", text: "tokens (agent)" }), el("span", { text: `${fmt(r.tokens)} (${fmt(r.agent_tokens)})` }),
-      el("span", { class: "k", text: "tool calls" }), el("span", { text: fmt(r.tool_calls) })),
+      el("span", { class: "k", text: "tool calls" }), el("span", { text: fmt(r.calls) })),
     r.error ? el("pre", { class: "reason error", text: r.error }) : null,
     reason !== null ? el("pre", { class: "reason", text: "reason: " + pretty(reason) }) : null,
     infos !== null && infos !== undefined ? el("details", { open: true }, el("summary", { text: "infos (the verifier's decision)" }),
@@ -316,20 +316,20 @@ async function showRollout(parts, params) {
   const nav = el("p", {}, el("a", { href: `#/group/${row}?ds=${ds}`, text: `← task ${row}'s group` }), "  ",
     i > 0 ? el("a", { id: "prev-rollout", href: `#/rollout/${row}/${i - 1}?ds=${ds}&color=${by}`, text: "← previous rollout" }) : null, "  ",
     i + 1 < r.rollouts ? el("a", { id: "next-rollout", href: `#/rollout/${row}/${i + 1}?ds=${ds}&color=${by}`, text: "next rollout →" }) : null);
-  const facts = kvTable([["final reward", fmt(r.reward)], ["status", r.status], ["solved", fmt(r.solved)],
+  const facts = kvTable([["final reward", fmt(r.reward)], ["status", r.status], ["solved", fmt(r.verdict)],
     ["turns", fmt(r.turns)], ["turns cut by the token budget", fmt(r.cut_turns)],
-    ["log-prob settings", r.logprob_settings ? JSON.stringify(r.logprob_settings) : "n/a"]], "rollout-facts");
+    ["log-prob settings", r.sampling ? JSON.stringify(r.sampling) : "n/a"]], "rollout-facts");
   const root = el("section", { id: "rollout" }, el("h2", {}, `Task ${row}, rollout ${i} `, statusBadge(r.status)), nav, facts);
   if (r.error) root.append(el("h3", { text: "Error" }), el("pre", { class: "reason", id: "rollout-error", text: r.error }));
   if (r.status === "truncated") root.append(el("p", { class: "reason", id: "rollout-truncated",
     text: `truncated: the episode hit a limit (${fmt(r.turns)} turns played, ${fmt(r.cut_turns)} cut by the token budget)` }));
   root.append(el("h3", { text: "Verifier's decision (infos)" }),
-    el("pre", { id: "rollout-infos", text: r.infos === null ? "none recorded" : pretty(r.infos) }));
+    el("pre", { id: "rollout-infos", text: r.decision === null ? "none recorded" : pretty(r.decision) }));
   root.append(el("h3", { text: "Conversation" }), el("div", { id: "messages" }, r.messages.map(messageView)));
-  if (r.tool_calls.length) {
+  if (r.calls.length) {
     root.append(el("h3", { text: "Tool calls" }), el("table", { id: "tool-calls" },
       el("thead", {}, el("tr", {}, ["turn", "tool", "arguments", "status", "seconds"].map((h) => el("th", { text: h })))),
-      el("tbody", {}, r.tool_calls.map((c) => el("tr", {}, [c.turn, c.name, c.arguments, c.status, fmt(c.seconds, 3)].map((v) => el("td", { text: v })))))));
+      el("tbody", {}, r.calls.map((c) => el("tr", {}, [c.turn, c.name, c.arguments, c.status, fmt(c.seconds, 3)].map((v) => el("td", { text: v })))))));
   }
   const colour = el("select", { id: "colour-by", onchange: (e) => go(["rollout", row, i], { ds, color: e.target.value }) },
     [["none", "agent tokens marked"], ["logprob", "sampling log-prob"], ["reward", "per-token reward"]].map(([v, t]) =>
