@@ -16,6 +16,7 @@ import pytest
 from datasets import load_from_disk
 from viewer_rollouts import HOSTILE, model_rollouts, scripted_rollouts
 
+import hf_rollouts
 from hf_rollouts.cli import main
 from hf_rollouts.publish import compute_stats
 from hf_rollouts.training import group_advantages
@@ -124,6 +125,8 @@ def test_the_server_serves_its_addresses_only_on_loopback(scripted):
         assert status == 200 and json.loads(body)["datasets"] == [str(scripted)]
     finally:
         server.close()
+    url = hf_rollouts.view(load_from_disk(str(scripted)))  # from Python (a notebook): the address, served
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", url) and json.loads(get(url + "api/summary")[2])["tasks"] == 3
 
 
 def test_opens_parquet_cache_folders_and_datasets_in_memory(scripted, tokenizer, tmp_path):
@@ -189,3 +192,15 @@ def test_cli_view_serves_and_prints_the_address(scripted, tmp_path, capsys):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_without_a_browser_the_reason_says_what_to_install(monkeypatch):
+    from hf_rollouts.viewer import browser
+
+    monkeypatch.delenv("HF_ROLLOUTS_CHROMIUM", raising=False)
+    monkeypatch.delenv("HF_ROLLOUTS_CHROMEDRIVER", raising=False)
+    monkeypatch.setattr(browser.shutil, "which", lambda name: None)
+    reason = browser.missing()
+    assert reason.startswith("no chromium, chromedriver") and "apt-get install -y chromium chromium-driver" in reason
+    with pytest.raises(RuntimeError, match="no chromium"):
+        browser.start_browser()
