@@ -9,7 +9,7 @@ import math
 
 import pytest
 from datasets import load_from_disk
-from viewer_rollouts import HOSTILE, model_rollouts, scripted_rollouts
+from viewer_rollouts import HOSTILE, model_rollouts, scripted_rollouts, tool_rollouts
 
 from hf_rollouts.viewer import serve, write_html
 from hf_rollouts.viewer.browser import missing, start_browser
@@ -34,6 +34,7 @@ def data(tmp_path_factory, tiny):
     return {
         "scripted": scripted_rollouts(tiny[1], root / "scripted", root / "cache"),
         "model": model_rollouts(agent, root / "model", root / "cache"),
+        "tools": tool_rollouts(tiny[1], root / "tools", root / "cache"),
         "root": root,
     }
 
@@ -104,7 +105,9 @@ def test_click_from_the_run_to_a_token(browser, model_server, data):
         item["padded_logprobs"][1],
     )
     assert agent_ids == [i for i, m in zip(ids, mask) if m]
-    browser.find_element("id", "colour-by").send_keys("colour: sampling log-prob")  # colour the tokens on demand
+    from selenium.webdriver.support.ui import Select
+
+    Select(browser.find_element("id", "colour-by")).select_by_value("logprob")  # colour the tokens on demand
     wait_for(browser, ".legend")
     token = find(browser, "#tokens .tok.agent")[0]
     assert token.value_of_css_property("background-color") not in ("rgba(0, 0, 0, 0)", "transparent")
@@ -168,3 +171,50 @@ def test_hostile_model_text_stays_text(browser, data, mode):
     finally:
         if server:
             server.close()
+
+
+def test_tool_calls_and_results_in_a_rollout(browser, data):
+    ds = load_from_disk(str(data["tools"]))
+    record, messages = ds[0]["tool_calls"][0][0], ds[0]["conversations"][0]
+    server = serve(data["tools"])
+    try:
+        browser.get(f"{server.url}#/group/0")
+        wait_for(browser, "#group .rollout-card")
+        assert "tool calls\n1" in find(browser, "#group .rollout-card")[0].text
+        browser.get(f"{server.url}#/rollout/0/0")
+        wait_for(browser, "#tool-calls tbody tr")
+        cells = [td.text for td in find(browser, "#tool-calls tbody tr td")]
+        assert cells[:4] == [str(record["turn"]), record["name"], record["arguments"], record["status"]]
+        call = messages[2]["tool_calls"][0]["function"]
+        assert [e.text for e in find(browser, "#messages .tool-call")] == [f"call {call['name']}({call['arguments']})"]
+        result = "".join(t.text for t in find(browser, "#tokens .segment.tool .tok"))
+        assert messages[3]["role"] == "tool" and messages[3]["content"] in result  # the result's tokens, marked
+    finally:
+        server.close()
+
+
+def test_the_one_file_page_sorts_filters_searches_and_compares(browser, data):
+    ds = load_from_disk(str(data["model"]))
+    page = write_html(data["model"], data["root"] / "both.html", compare=data["scripted"])
+
+    def rows(fragment: str) -> list[int]:
+        browser.get("about:blank")
+        browser.get(page + fragment)
+        wait_for(browser, "#page-info")
+        return [int(tr.get_attribute("data-row")) for tr in find(browser, "#task-table tbody tr")]
+
+    assert rows("#/tasks?sort=row&desc=1") == [2, 1, 0]
+    assert rows("#/tasks?where=difficulty:eq:hard") == [i for i, d in enumerate(ds["difficulty"]) if d == "hard"]
+    word = ds[1]["conversations"][0][-1]["content"].split()[0]  # a word of a reply, searched by the page itself
+    hits = [
+        i
+        for i, c in enumerate(ds["conversations"])
+        if any(word.lower() in (m["content"] or "").lower() for r in c for m in r)
+    ]
+    assert rows("#/tasks?q=" + word) == hits
+    browser.get(page + "#/compare?sort=row")
+    wait_for(browser, "#compare-table tbody tr")
+    find(browser, "#compare-table tbody tr")[1].click()
+    wait_for(browser, "#pair-b .rollout-card")
+    assert browser.find_element("css selector", "#pair h2").text.startswith("Task A 1 / B 1")
+    assert len(find(browser, "#pair-a .rollout-card")) == len(find(browser, "#pair-b .rollout-card")) == 2

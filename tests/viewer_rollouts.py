@@ -1,11 +1,14 @@
-"""Rollout datasets for the viewer's tests and screenshots: Mastermind played by scripted agents (one of whose replies
-is hostile HTML) and by the tiny model (real sampling log-probs), saved as `hf-rollouts generate` saves them."""
+"""Rollout datasets for the viewer's tests: Mastermind played by scripted agents (one of whose replies is hostile HTML)
+and by the tiny model (real sampling log-probs), and the calculator env played through its tool, saved as
+`hf-rollouts generate` saves them."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from hf_rollouts import ScriptedAgent
+from hf_rollouts.envs.arithmetic import CalculatorEnv
 from hf_rollouts.envs.mastermind import MastermindEnv
 from hf_rollouts.pipeline import generate_rollouts
 from hf_rollouts.publish import render_card, save_rollouts
@@ -46,3 +49,20 @@ def model_rollouts(agent, path: Path, cache: Path) -> Path:
     tasks = mastermind_tasks(agent.tokenizer)
     ds = generate_rollouts(tasks, agent, 2, tokenizer=agent.tokenizer, cache_dir=cache, progress=False, seed=0)
     return save(ds, agent.tokenizer, path, "tiny")
+
+
+def _calculator_reply(messages: list[dict]) -> str:
+    last = messages[-1]
+    if last["role"] == "tool":
+        return f"The answer is {last['content']}."
+    expression = re.search(r"\d+ [-+*] \d+", last["content"]).group()
+    return f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}\n</tool_call>'
+
+
+def tool_rollouts(tokenizer, path: Path, cache: Path) -> Path:
+    """The calculator env played by a scripted agent that calls the tool, then answers what it returned."""
+    tasks = CalculatorEnv(tokenizer, {}).get_train_dataset(2)
+    ds = generate_rollouts(
+        tasks, ScriptedAgent(_calculator_reply), 1, tokenizer=tokenizer, cache_dir=cache, progress=False
+    )
+    return save(ds, tokenizer, path, "scripted")

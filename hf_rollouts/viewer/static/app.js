@@ -85,7 +85,8 @@ function queryTasks(all, p) {
   return { total: rows.length, offset, columns: all.columns, rows: rows.slice(offset, offset + limit) };
 }
 function queryCompare(all, p) {
-  const rows = sortRows(all.rows, p.sort || "delta", p.desc === "1");
+  const sort = !p.sort || p.sort === "row" ? "pair" : p.sort;  // the server's "row" order is the pairs' order
+  const rows = sortRows(all.rows, sort, p.desc === "1");
   const offset = Number(p.offset || 0), limit = Number(p.limit || 50);
   return Object.assign({}, all, { offset, total: rows.length, rows: rows.slice(offset, offset + limit) });
 }
