@@ -13,6 +13,7 @@ from .pipeline import generate_rollouts
 from .rounds import collect_rollouts
 from .schema import ROLLOUT_COLUMNS, TASK_FEATURES
 from .types import Action, AgentRequest, Episode
+from .viewer import view
 
 __all__ = [
     "Action",
@@ -29,4 +30,5 @@ __all__ = [
     "collect_rollouts",
     "generate_rollouts",
     "rollout_map",
+    "view",
 ]

@@ -32,3 +32,7 @@ fi
 # Show the smollm2 run's most game-like episode (seed 0: "Is it a cat?", "Is it a dog?", ...); any row/rollout works.
 if [ "$MODEL" = tiny ]; then SHOW=0; else SHOW=2; fi
 .venv/bin/hf-rollouts inspect "$OUT/twenty_questions" --row 0 --rollout "$SHOW"
+# 3. Look at the rollouts in the browser: a local web viewer (docs/guides/viewer.md). It serves until Ctrl-C.
+echo
+echo "Look at the rollouts in your browser (run it, then open the address it prints):"
+echo "  .venv/bin/hf-rollouts view $OUT/arithmetic"

@@ -22,6 +22,14 @@ if bash scripts/setup_verifiers.sh >/dev/null; then
 else
     echo "verifiers venv unavailable after $(($(date +%s) - verifiers_started)) s: its tests will skip (see above)"
 fi
+# The system Chromium and chromedriver for the viewer's browser tests (installed with apt-get where missing; where
+# they cannot be, those tests skip and say why).
+browser_started=$(date +%s)
+if bash scripts/setup_browser.sh; then
+    echo "browser ready ($(($(date +%s) - browser_started)) s)"
+else
+    echo "no browser after $(($(date +%s) - browser_started)) s: the viewer's browser tests will skip (see above)"
+fi
 # The cached lowest-versions venv: the version-sensitive tests run a second time at pyproject.toml's lowest supported
 # transformers (what GPU images carry), so the declared range is the tested one. Where it cannot be built, that run is
 # skipped and says so.

@@ -1,0 +1,220 @@
+"""The viewer in a real headless browser (the system's Chromium, driven by Selenium): click run -> task -> group ->
+rollout -> compare on rollouts of the tiny model and of scripted agents, and check what the page shows against the
+dataset; hostile model text stays text. One browser for the module. Skipped, with the reason, where no Chromium,
+chromedriver or selenium is installed (scripts/test.sh installs them)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from datasets import load_from_disk
+from viewer_rollouts import HOSTILE, model_rollouts, scripted_rollouts, tool_rollouts
+
+from hf_rollouts.viewer import serve, write_html
+from hf_rollouts.viewer.browser import missing, start_browser
+
+pytestmark = pytest.mark.skipif(missing() is not None, reason=f"the browser tests need {missing()}")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = start_browser()
+    driver.implicitly_wait(0)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, tiny):
+    from hf_rollouts.agents.hf import TransformersAgent
+
+    root = tmp_path_factory.mktemp("viewer_browser")
+    agent = TransformersAgent(tiny[0], tiny[1], temperature=1.0, max_new_tokens=10, seed=0)
+    return {
+        "scripted": scripted_rollouts(tiny[1], root / "scripted", root / "cache"),
+        "model": model_rollouts(agent, root / "model", root / "cache"),
+        "tools": tool_rollouts(tiny[1], root / "tools", root / "cache"),
+        "root": root,
+    }
+
+
+@pytest.fixture(scope="module")
+def model_server(data):
+    server = serve(data["model"], compare=data["scripted"])
+    yield server
+    server.close()
+
+
+def wait_for(driver, css: str, timeout: float = 20):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout).until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, css)))
+
+
+def find(driver, css: str):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, css)
+
+
+def shown(value: float | None) -> str:
+    """A number as the page prints it (fmt() in app.js)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return str(int(value)) if float(value).is_integer() else f"{value:.4f}"
+
+
+def test_click_from_the_run_to_a_token(browser, model_server, data):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    ds = load_from_disk(str(data["model"]))
+    browser.get(model_server.url)
+    assert wait_for(browser, "#run-tasks").text == "3"
+    assert browser.find_element("id", "run-rollouts").text == "6"
+    wait_for(browser, "#run-stats")  # the card's statistics, computed in the background, replace the placeholder
+    statuses = [s for row in ds["statuses"] for s in row]
+    status = statuses[0]
+    card = find(browser, f'#run-statuses [data-status="{status}"]')[0]
+    assert card.text.split()[0] == str(statuses.count(status))
+    card.click()  # run -> the tasks with a rollout of that status
+    wait_for(browser, "#task-table tbody tr")
+    listed = [int(tr.get_attribute("data-row")) for tr in find(browser, "#task-table tbody tr")]
+    assert listed == [i for i, s in enumerate(ds["statuses"]) if status in s]
+    find(browser, '#task-table tbody tr[data-row="1"]')[0].click() if 1 in listed else find(
+        browser, "#task-table tbody tr"
+    )[0].click()
+    wait_for(browser, "#group .rollout-card")
+    row = int(browser.find_element("id", "group").get_attribute("data-row"))
+    cards = find(browser, "#group .rollout-card")
+    assert [c.find_element("css selector", ".reward").text for c in cards] == [
+        shown(r) for r in ds[row]["final_rewards"]
+    ]
+    assert [c.find_element("css selector", ".status").text for c in cards] == ds[row]["statuses"]
+    cards[1].find_element("css selector", ".open-rollout").click()  # group -> rollout 1
+    wait_for(browser, "#messages .message")
+    contents = [m.text for m in find(browser, "#messages .message .content")]
+    assert contents == [m["content"] for m in ds[row]["conversations"][1]]
+    agent_ids = [int(t.get_attribute("data-id")) for t in find(browser, "#tokens .tok.agent")]
+    item = ds[row]
+    mask, ids, logprobs = (
+        item["padded_agent_token_mask"][1],
+        item["padded_full_token_ids"][1],
+        item["padded_logprobs"][1],
+    )
+    assert agent_ids == [i for i, m in zip(ids, mask) if m]
+    from selenium.webdriver.support.ui import Select
+
+    Select(browser.find_element("id", "colour-by")).select_by_value("logprob")  # colour the tokens on demand
+    wait_for(browser, ".legend")
+    token = find(browser, "#tokens .tok.agent")[0]
+    assert token.value_of_css_property("background-color") not in ("rgba(0, 0, 0, 0)", "transparent")
+    ActionChains(browser).move_to_element(token).perform()
+    tip = browser.find_element("id", "tip").text
+    position = int(token.get_attribute("data-pos"))
+    assert f"id     {ids[position]}" in tip and f"logprob {logprobs[position]:.6f}" in tip
+
+
+def test_compare_two_runs_side_by_side(browser, model_server, data):
+    after = load_from_disk(str(data["scripted"]))
+    browser.get(model_server.url + "#/compare?sort=row")
+    wait_for(browser, "#compare-table tbody tr")
+    assert browser.find_element("id", "cmp-matched").text == "3"
+    rows = find(browser, "#compare-table tbody tr")
+    rows[0].click()
+    wait_for(browser, "#pair-b .rollout-card")
+    rewards_b = [e.text for e in find(browser, "#pair-b .rollout-card .reward")]
+    assert rewards_b == [shown(r) for r in after[0]["final_rewards"]]
+    assert len(find(browser, "#pair-a .rollout-card")) == 2
+
+
+def test_sort_and_filter_with_the_controls(browser, model_server, data):
+    ds = load_from_disk(str(data["model"]))
+    browser.get(model_server.url + "#/tasks")
+    wait_for(browser, "#task-table tbody tr")
+    browser.find_element("id", "filter-column").send_keys("difficulty")
+    browser.find_element("id", "filter-value").send_keys("hard")
+    browser.find_element("id", "filter-add").click()
+    wait_for(browser, ".filters .filter")
+    listed = [int(tr.get_attribute("data-row")) for tr in find(browser, "#task-table tbody tr")]
+    assert listed == [i for i, d in enumerate(ds["difficulty"]) if d == "hard"]
+    find(browser, 'th[data-column="row"]')[0].click()
+    wait_for(browser, 'th[data-column="row"]')
+    browser.get(model_server.url + "#/tasks?sort=row&desc=1")
+    wait_for(browser, "#task-table tbody tr")
+    assert [int(tr.get_attribute("data-row")) for tr in find(browser, "#task-table tbody tr")] == [2, 1, 0]
+
+
+@pytest.mark.parametrize("mode", ["server", "html"])
+def test_hostile_model_text_stays_text(browser, data, mode):
+    ds = load_from_disk(str(data["scripted"]))
+    row, i = next(
+        (r, i)
+        for r in range(len(ds))
+        for i, c in enumerate(ds[r]["conversations"])
+        if any(HOSTILE == m["content"] for m in c)
+    )
+    server = serve(data["scripted"]) if mode == "server" else None
+    try:
+        base = server.url if server else write_html(data["scripted"], data["root"] / "page.html")
+        browser.get(f"{base}#/rollout/{row}/{i}")
+        wait_for(browser, "#messages .message")
+        assert HOSTILE in [m.text for m in find(browser, "#messages .content")]  # shown, as text
+        find(browser, "#tokens .tok")[0].click()
+        assert browser.execute_script("return window.PWNED") is None
+        assert not find(browser, "main img") and not find(browser, "main script") and not find(browser, "#evil")
+        browser.get(f"{base}#/group/{row}")
+        wait_for(browser, "#group .last-reply")
+        assert browser.execute_script("return window.PWNED") is None and not find(browser, "main img")
+    finally:
+        if server:
+            server.close()
+
+
+def test_tool_calls_and_results_in_a_rollout(browser, data):
+    ds = load_from_disk(str(data["tools"]))
+    record, messages = ds[0]["tool_calls"][0][0], ds[0]["conversations"][0]
+    server = serve(data["tools"])
+    try:
+        browser.get(f"{server.url}#/group/0")
+        wait_for(browser, "#group .rollout-card")
+        assert "tool calls\n1" in find(browser, "#group .rollout-card")[0].text
+        browser.get(f"{server.url}#/rollout/0/0")
+        wait_for(browser, "#tool-calls tbody tr")
+        cells = [td.text for td in find(browser, "#tool-calls tbody tr td")]
+        assert cells[:4] == [str(record["turn"]), record["name"], record["arguments"], record["status"]]
+        call = messages[2]["tool_calls"][0]["function"]
+        assert [e.text for e in find(browser, "#messages .tool-call")] == [f"call {call['name']}({call['arguments']})"]
+        result = "".join(t.text for t in find(browser, "#tokens .segment.tool .tok"))
+        assert messages[3]["role"] == "tool" and messages[3]["content"] in result  # the result's tokens, marked
+    finally:
+        server.close()
+
+
+def test_the_one_file_page_sorts_filters_searches_and_compares(browser, data):
+    ds = load_from_disk(str(data["model"]))
+    page = write_html(data["model"], data["root"] / "both.html", compare=data["scripted"])
+
+    def rows(fragment: str) -> list[int]:
+        browser.get("about:blank")
+        browser.get(page + fragment)
+        wait_for(browser, "#page-info")
+        return [int(tr.get_attribute("data-row")) for tr in find(browser, "#task-table tbody tr")]
+
+    assert rows("#/tasks?sort=row&desc=1") == [2, 1, 0]
+    assert rows("#/tasks?where=difficulty:eq:hard") == [i for i, d in enumerate(ds["difficulty"]) if d == "hard"]
+    word = ds[1]["conversations"][0][-1]["content"].split()[0]  # a word of a reply, searched by the page itself
+    hits = [
+        i
+        for i, c in enumerate(ds["conversations"])
+        if any(word.lower() in (m["content"] or "").lower() for r in c for m in r)
+    ]
+    assert rows("#/tasks?q=" + word) == hits
+    browser.get(page + "#/compare?sort=row")
+    wait_for(browser, "#compare-table tbody tr")
+    find(browser, "#compare-table tbody tr")[1].click()
+    wait_for(browser, "#pair-b .rollout-card")
+    assert browser.find_element("css selector", "#pair h2").text.startswith("Task A 1 / B 1")
+    assert len(find(browser, "#pair-a .rollout-card")) == len(find(browser, "#pair-b .rollout-card")) == 2
