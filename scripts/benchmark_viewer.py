@@ -83,8 +83,8 @@ def synthetic(n: int, seed: int = 0) -> Dataset:
     tasks = Dataset.from_dict(
         {
             "env_class_path": ["hf_rollouts.envs.arithmetic.ArithmeticEnv"] * n,
-            "env_config": [{}] * n,
-            "task_data": [{"a": int(i), "op": "+", "b": 1} for i in range(n)],
+            "env_config": ["{}"] * n,  # task rows store their dicts as exact JSON text (hf_rollouts.task_json)
+            "task_data": [json.dumps({"a": int(i), "op": "+", "b": 1}) for i in range(n)],
         },
         features=TASK_FEATURES,
     )
