@@ -25,6 +25,12 @@ def verifier() -> CodeVerifier:
     return build_verifier({"name": "code", **FAST})
 
 
+@pytest.fixture(scope="module", params=["tests apart", "same process"])
+def either(request) -> CodeVerifier:
+    """The verifier with the tests in a process of their own (the default), and with ``same_process``."""
+    return build_verifier({"name": "code", **FAST, "same_process": request.param == "same process"})
+
+
 def score(verifier: CodeVerifier, code: str, tests, **task):
     return verifier.score("", code, {"test": tests, **task})
 
@@ -78,7 +84,8 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_program_gets_zero_with_its_reason(verifier, name):
+def test_hostile_program_gets_zero_with_its_reason(either, name):
+    verifier = either
     code, expected = HOSTILE[name]
     verdict = score(verifier, code, ["f()"] if "def f" in code else ["assert True"])
     assert verdict.reward == 0.0
@@ -173,7 +180,8 @@ PATCHING = {
 
 
 @pytest.mark.parametrize("name", list(PATCHING))
-def test_code_that_patches_the_checker_does_not_pass(verifier, name):
+def test_code_that_patches_the_checker_does_not_pass(either, name):
+    verifier = either
     tests = "def check(candidate):\n    assert candidate() == 1\n"
     code = PATCHING[name] + "def f():\n    return 0\n"
     verdict = verifier.score("", code, {"test": [tests, "assert False, 'never reached'"], "entry_point": "f"})

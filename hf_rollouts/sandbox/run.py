@@ -195,7 +195,7 @@ class Sandbox:
         output, over = bytearray(), None
         try:
             async with asyncio.timeout(self.limits.wall_time):
-                over = await self._read(proc, output, token.encode(), output)
+                over = await self._read(proc, output, token.encode(), bytearray())
         except TimeoutError:
             over = "timeout"
         kill(proc)  # still running (left-behind processes, a limit): bwrap and all it started
