@@ -34,9 +34,7 @@ such gap.
 import json
 import os
 import resource
-import subprocess
 import sys
-import tempfile
 import traceback
 import types
 
@@ -114,6 +112,9 @@ def normalized(text):
 def run_cases(job):
     """Each case in a child process; its output goes to anonymous files in ``/tmp`` (bounded by the tmpfs and the
     file size limit) and only the first ``output_bytes`` are read back."""
+    import subprocess  # here: the other modes' processes start without them
+    import tempfile
+
     path, cases, limit = sys.argv[2], job["cases"], int(job["limits"]["output_bytes"])
     timeout = max(0.1, float(job["limits"]["case_time"]))
     for index, case in enumerate(cases):
