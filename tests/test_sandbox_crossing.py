@@ -160,6 +160,8 @@ def f(x, *, scale=1):
     assert verdict.passed, verdict.reason
     error = split.score("", "def f(x):\n    return [1][x]\n", {"test": ["assert f(3) == 1"]})
     assert error.reason == "a test failed (test 0): IndexError: list index out of range"
+    alias = split.score("", "import math as m\n", {"test": ["assert m.pi > 3"]})  # only `import math` crosses as math
+    assert alias.reason == "a test failed (test 0): NameError: name 'm' is not defined"
 
 
 @needs_bwrap

@@ -304,10 +304,11 @@ def run_split_tests(job, calls, replies, _exec=exec, _compile=compile, _base=Bas
 
 
 def bind(namespace, names, entry_point, proxy, calls, replies, trouble):
-    """The code's names in the tests' namespace: a proxy per function, a copy per plain value, a module imported
-    here by its name (the standard library's only). The builtins stay the real ones (code that defines ``sorted``
-    cannot change what ``assert sorted(f(x)) == [1, 2]`` sorts with); with an entry point, the names the task's
-    prefix defined stay the task's too (HumanEval's ``poly``), and ``check`` is the tests' own."""
+    """The code's names in the tests' namespace: a proxy per function, a copy per plain value, a module of the
+    standard library imported here when the code imported it under its own name (:func:`importable`). The builtins
+    stay the real ones (code that defines ``sorted`` cannot change what ``assert sorted(f(x)) == [1, 2]`` sorts
+    with); with an entry point, the names the task's prefix defined stay the task's too (HumanEval's ``poly``), and
+    ``check`` is the tests' own."""
     protected = set(dir(builtins)) | (set(namespace) | {"check"} if entry_point else set())
     for name, what in names.items():
         if type(name) is not str or name.startswith("__") or type(what) is not dict:
@@ -321,11 +322,17 @@ def bind(namespace, names, entry_point, proxy, calls, replies, trouble):
                 namespace[name] = decode(what["value"])
             except (CannotCross, RecursionError):
                 continue
-        elif type(what.get("module")) is str and what["module"].split(".")[0] in sys.stdlib_module_names:
+        elif importable(name, what.get("module")):
             try:
                 namespace[name] = __import__(what["module"], fromlist=["_"])
             except Exception:  # noqa: BLE001, S112 - a name the tests cannot use
                 continue
+
+
+def importable(name, module):
+    """A module the code imported under its own name (``import math``; not ``import math as m``), of the standard
+    library: the tests' process imports it itself."""
+    return type(module) is str and module.rpartition(".")[2] == name and module.split(".")[0] in sys.stdlib_module_names
 
 
 def run_statements(namespace, tests, entry_point, trouble, _exec, _compile, _base):
