@@ -22,6 +22,7 @@ PLAIN_VALUES = [
     True,
     0,
     -(2**100),
+    7**20000,  # 16,900 digits: past the decimal limit of int(str) (4,300), crosses as hex
     1.5,
     -0.0,
     float("inf"),
@@ -40,11 +41,12 @@ PLAIN_VALUES = [
 ]
 
 
-@pytest.mark.parametrize("value", PLAIN_VALUES, ids=repr)
+@pytest.mark.parametrize("value", PLAIN_VALUES, ids=lambda value: type(value).__name__)
 def test_plain_data_crosses_exactly(value):
     back = decode(encode(value))
     assert type(back) is type(value) and back == value
-    assert repr(back) == repr(value)  # -0.0 stays -0.0, key order and element types stay
+    if type(value) is not int:  # (repr of the largest int is refused by Python itself)
+        assert repr(back) == repr(value)  # -0.0 stays -0.0, key order and element types stay
 
 
 def test_nan_crosses_and_what_is_not_plain_data_does_not():
@@ -149,12 +151,15 @@ def f(x, *, scale=1):
     if x < 0:
         raise ValueError("negative")
     return {"t": (x * scale, -0.0), "s": {b"a", 1j}, "n": len(calls), "inf": math.inf}
+def big():
+    return 7 ** 20000
 """
     tests = [
         "assert f(2, scale=3) == {'t': (6, -0.0), 's': {b'a', 1j}, 'n': 1, 'inf': float('inf')}",
         "assert type(f(1)['t']) is tuple and f(1)['n'] == 3",  # the code's state lives on between calls
         "try:\n    f(-1)\n    raise AssertionError('none')\nexcept ValueError as e:\n    assert str(e) == 'negative'",
         "assert LIMIT == (1, 2.5, None) and math.sqrt(4) == 2",  # a plain value and a module the code imported
+        "assert big() == 7 ** 20000",
     ]
     verdict = split.score("", code, {"test": tests})
     assert verdict.passed, verdict.reason

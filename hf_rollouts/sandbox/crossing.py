@@ -11,10 +11,10 @@ plain data crosses between them. Standard library only; the host copies this fil
   is the code's), copies the plain values it defined, runs the tests and calls ``check(<entry_point>)``.
 
 Values cross as JSON, never pickled: ``None``, ``bool``, ``int``, ``float``, ``str``, ``list`` as themselves;
-``tuple``, ``dict``, ``set``, ``frozenset``, ``bytes``, ``bytearray``, ``complex`` and non-finite floats tagged
-(``{"tuple": [...]}``). Exact types only: a subclass (an ``int`` whose ``__eq__`` always says yes), a generator or an
-object of the code's own class does not cross; the call then fails with that reason, and the run fails even when a
-test catches the exception (the failure is recorded outside the tests' reach).
+``tuple``, ``dict``, ``set``, ``frozenset``, ``bytes``, ``bytearray``, ``complex``, non-finite floats and integers of
+over 300 digits tagged (``{"tuple": [...]}``). Exact types only: a subclass (an ``int`` whose ``__eq__`` always says
+yes), a generator or an object of the code's own class does not cross; the call then fails with that reason, and the
+run fails even when a test catches the exception (the failure is recorded outside the tests' reach).
 
 Framing: each message is an 8-byte big-endian length, then that many bytes of UTF-8 JSON. The calls' channel carries
 ``{"call": name, "args": [...], "kwargs": [[key, value], ...]}``; the replies' channel first ``{"ready": {name:
@@ -55,8 +55,12 @@ def encode(value, depth=0):
     if depth > 200:
         raise CannotCross("a value nested more than 200 deep")
     kind = type(value)
-    if value is None or kind is bool or kind is int or kind is str:
+    if value is None or kind is bool or kind is str:
         return value
+    if (
+        kind is int
+    ):  # beyond ~300 digits as hex: decimal text of over 4300 digits is refused (sys.set_int_max_str_digits)
+        return value if -BIG < value < BIG else {"int": hex(value)}
     if kind is float:
         return value if math.isfinite(value) else {"float": repr(value)}
     if kind is list:
@@ -74,6 +78,7 @@ def encode(value, depth=0):
 
 
 TAGS = {"tuple": tuple, "set": set, "frozenset": frozenset}
+BIG = 1 << 1000
 
 
 def decode(data, depth=0):
@@ -98,6 +103,8 @@ def decode(data, depth=0):
                 return complex(float(inner[0]), float(inner[1]))
             if tag == "float" and inner in ("nan", "inf", "-inf"):
                 return float(inner)
+            if tag == "int" and type(inner) is str:
+                return int(inner, 16)
         except (TypeError, ValueError) as exc:  # an unhashable key, a malformed pair
             raise CannotCross(f"malformed {tag}: {last_line(exc)}") from None
     raise CannotCross(f"not plain data: {str(data)[:80]}")
@@ -177,7 +184,15 @@ def serve(job, calls, replies):
             sys.stdout.flush()  # what the code printed reaches the host before the tests may end the run
         except BaseException:  # noqa: BLE001, S110 - the code may have closed or replaced its streams
             pass
-        send(replies, reply)
+        try:
+            send(replies, reply)
+        except OSError:  # the tests' process is gone
+            return
+        except BaseException as exc:  # noqa: BLE001 - a reply json cannot write
+            send(
+                replies,
+                {"cannot": f"{message.get('call')}() returned a value that cannot be written: {last_line(exc)}"},
+            )
 
 
 def answer(namespace, message):
