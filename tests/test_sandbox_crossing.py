@@ -31,6 +31,7 @@ PLAIN_VALUES = [
     b"\x00\xff",
     bytearray(b"ab"),
     3 - 4j,
+    complex(float("inf"), -1.0),
     [1, [2, (3, "4")]],
     (),
     (1,),
@@ -165,6 +166,8 @@ def big():
     assert verdict.passed, verdict.reason
     error = split.score("", "def f(x):\n    return [1][x]\n", {"test": ["assert f(3) == 1"]})
     assert error.reason == "a test failed (test 0): IndexError: list index out of range"
+    table = "TABLE = list(range(300_000))\ndef f(i):\n    return TABLE[i]\n"  # a table too large to copy stays
+    assert split.score("", table, {"test": ["assert f(5) == 5"]}).passed
     alias = split.score("", "import math as m\n", {"test": ["assert m.pi > 3"]})  # only `import math` crosses as math
     assert alias.reason == "a test failed (test 0): NameError: name 'm' is not defined"
 

@@ -31,6 +31,8 @@ import traceback
 
 MAX_MESSAGE = 64 << 20
 """Bytes of one message at most (a reply larger than this does not cross)."""
+MAX_VALUES = 1 << 20
+"""Bytes of the plain values the code defined at most, sent to the tests' process with its names (beyond: none)."""
 PLAIN = "plain data only: None, bools, numbers, strings, bytes, lists, tuples, dicts, sets"
 SAME_PROCESS_HINT = "a task whose values cannot cross needs the code verifier's option same_process"
 
@@ -57,9 +59,7 @@ def encode(value, depth=0):
     kind = type(value)
     if value is None or kind is bool or kind is str:
         return value
-    if (
-        kind is int
-    ):  # beyond ~300 digits as hex: decimal text of over 4300 digits is refused (sys.set_int_max_str_digits)
+    if kind is int:  # past ~300 digits as hex: Python refuses decimal text of over 4,300 digits
         return value if -BIG < value < BIG else {"int": hex(value)}
     if kind is float:
         return value if math.isfinite(value) else {"float": repr(value)}
@@ -100,7 +100,9 @@ def decode(data, depth=0):
             if tag in ("bytes", "bytearray") and type(inner) is str:
                 return (bytes if tag == "bytes" else bytearray).fromhex(inner)
             if tag == "complex" and type(inner) is list and len(inner) == 2:
-                return complex(float(inner[0]), float(inner[1]))
+                real, imag = decode(inner[0], depth + 1), decode(inner[1], depth + 1)
+                if type(real) is float and type(imag) is float:
+                    return complex(real, imag)
             if tag == "float" and inner in ("nan", "inf", "-inf"):
                 return float(inner)
             if tag == "int" and type(inner) is str:
@@ -158,7 +160,7 @@ def serve(job, calls, replies):
     except BaseException as exc:  # noqa: BLE001 - everything the code raises is its failure
         send(replies, {"error": last_line(exc)})
         return
-    names = {}
+    names, values = {}, {}
     for name, value in list(namespace.items()):
         if name.startswith("__"):
             continue
@@ -168,10 +170,14 @@ def serve(job, calls, replies):
             names[name] = {"call": 1}
         else:
             try:
-                names[name] = {"value": encode(value)}
+                values[name] = {"value": encode(value)}
             except (CannotCross, RecursionError):
                 pass  # a name the tests cannot use: a NameError there if they do
-    send(replies, {"ready": names})
+    try:  # plain values up to MAX_VALUES bytes in all (a table the code precomputed need not cross)
+        values = values if len(json.dumps(values)) <= MAX_VALUES else {}
+    except (ValueError, RecursionError):
+        values = {}
+    send(replies, {"ready": {**values, **names}})
     while True:
         try:
             message = receive(calls)
