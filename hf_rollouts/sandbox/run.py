@@ -38,7 +38,7 @@ UNSAFE = "unsafe-no-sandbox"
 (it can read your files and use your network). Only for code you trust, or to measure the sandbox's cost."""
 BACKENDS = ("bwrap", UNSAFE)
 UID_BASE = 200_000
-"""As root, runs use uids from ``UID_BASE`` to ``UID_BASE + 6,400,000`` (blocks of 64, one block per sandbox: a
+"""As root, runs use uids from ``UID_BASE`` to ``UID_BASE + 6,400,000`` (blocks of 128, one block per sandbox: a
 pair per concurrent slot, the tests' and the code's)."""
 _SANDBOXES = itertools.count()
 
@@ -128,11 +128,11 @@ class Sandbox:
         # two unprivileged uids per concurrent slot (as root only), the tests' and the code's: RLIMIT_NPROC counts per
         # uid, so one run's fork bomb cannot use up another's process budget, and the code cannot signal or trace the
         # tests' process; spread by pid and by sandbox so that two rarely share one
-        block = (os.getpid() * 131 + next(_SANDBOXES)) % 100_000
-        return [(UID_BASE + block * 64 + 2 * i, UID_BASE + block * 64 + 2 * i + 1) for i in range(self._bound())]
+        block = UID_BASE + (os.getpid() * 131 + next(_SANDBOXES)) % 50_000 * 128
+        return [(block + 2 * i, block + 2 * i + 1) for i in range(self._bound())]
 
     def _bound(self) -> int:
-        return min(self.max_concurrency, 32)
+        return min(self.max_concurrency, 64)
 
     def uids(self) -> set[int]:
         """The unprivileged uids this sandbox's runs use (as root; empty before its first run)."""
