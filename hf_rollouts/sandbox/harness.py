@@ -4,8 +4,9 @@ interpreter, which need not see the project's packages); the host copies this fi
 
 Protocol (host side: :mod:`hf_rollouts.sandbox.run`):
 
-* ``argv[1]``: the job, a JSON file ``{"mode", "program", "tests", "entry_point", "cases", "uid", "limits"}``;
-  ``argv[2]``: the program alone, as a file (``"io"`` mode runs it).
+* ``argv[1]``: the job, a JSON file ``{"mode", "program", "tests", "entry_point", "cases", "prefix", "uid", "limits",
+  "channel"}``; ``argv[2]``: the program alone, as a file (``"io"`` mode runs it); ``argv[3]``: the source of
+  :mod:`hf_rollouts.sandbox.crossing` (the tests and the code in two processes).
 * stdin's first line: the token. The harness reads it and replaces stdin with ``/dev/null`` before any untrusted code
   runs, so the code cannot read it from there.
 * stdout: whatever the code prints, then one line written by the harness on a copy of the original stdout:
@@ -13,23 +14,29 @@ Protocol (host side: :mod:`hf_rollouts.sandbox.run`):
   signal, killing its parent) or prints a fake report never produces that line: the host reads its absence as a
   failure, never as a pass.
 
-Modes: ``"tests"`` executes ``program`` then ``tests`` (Python source: HumanEval's ``def check(candidate)``, called
-with ``entry_point`` when given; or a list of statements such as ``assert f(1) == 2``, each run in turn) in one
-namespace; ``"io"`` runs ``program`` once per case as a child process with the case's ``input`` on stdin and compares
-its stdout with ``output`` (trailing whitespace of each line and trailing blank lines ignored).
+Modes:
 
-What this in-process check cannot stop (see docs/guides/code-sandbox.md): code that deliberately searches the
-interpreter's memory for the token, or returns objects whose ``__eq__`` always says yes, fools any test that runs in
-the same process as the code under test; ``"io"`` mode runs the code in a separate process and has no such gap.
+* ``"check"`` (the tests' process) and ``"serve"`` (the code's process): the tests and the code in two sandboxes,
+  joined by the two pipes named in ``channel`` (see :mod:`hf_rollouts.sandbox.crossing`). The code's process gets no
+  token and writes no report: only the tests' process, which never executes the code, reports.
+* ``"tests"`` executes ``program`` then ``tests`` (Python source: HumanEval's ``def check(candidate)``, called with
+  ``entry_point`` when given; or a list of statements such as ``assert f(1) == 2``, each run in turn) in one
+  namespace, as HumanEval's own harness does (the verifier's ``same_process`` option).
+* ``"io"`` runs ``program`` once per case as a child process with the case's ``input`` on stdin and compares its
+  stdout with ``output`` (trailing whitespace of each line and trailing blank lines ignored).
+
+What ``"tests"`` mode cannot stop (see docs/guides/code-sandbox.md): code that walks the interpreter's frames or
+memory to the report line, or returns objects whose ``__eq__`` always says yes, fools any test that runs in the same
+process as the code under test; ``"check"``/``"serve"`` and ``"io"`` run the code in a separate process and have no
+such gap.
 """
 
 import json
 import os
 import resource
-import subprocess
 import sys
-import tempfile
 import traceback
+import types
 
 
 def set_limits(limits):
@@ -105,6 +112,9 @@ def normalized(text):
 def run_cases(job):
     """Each case in a child process; its output goes to anonymous files in ``/tmp`` (bounded by the tmpfs and the
     file size limit) and only the first ``output_bytes`` are read back."""
+    import subprocess  # here: the other modes' processes start without them
+    import tempfile
+
     path, cases, limit = sys.argv[2], job["cases"], int(job["limits"]["output_bytes"])
     timeout = max(0.1, float(job["limits"]["case_time"]))
     for index, case in enumerate(cases):
@@ -131,6 +141,28 @@ def run_cases(job):
     return True
 
 
+def load_crossing(path):
+    """The module :mod:`hf_rollouts.sandbox.crossing` from its source (a memory file: no directory to import from)."""
+    module = types.ModuleType("crossing")
+    with open(path) as f:
+        exec(compile(f.read(), "crossing.py", "exec"), module.__dict__)
+    sys.modules["crossing"] = module
+    return module
+
+
+def serve(crossing, job):
+    """The code's process: answer the tests' calls until they close the channel, then exit at once."""
+    try:
+        crossing.serve(job, *job["channel"])
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:  # noqa: BLE001, S110 - the code may have closed or replaced its streams
+            pass
+        os._exit(0)
+
+
 def main():
     token = sys.stdin.readline().strip()
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -141,6 +173,9 @@ def main():
         job = json.load(f)
     drop_privileges(job.get("uid"))
     set_limits(job["limits"])
+    crossing = load_crossing(sys.argv[3]) if job["mode"] in ("check", "serve") else None
+    if job["mode"] == "serve":  # the code's process: no report of its own
+        serve(crossing, job)
     # the pass line is made before any untrusted code runs; a failure line always starts with FAIL, whatever a
     # replaced json module writes after it (the host counts only this exact PASS line as a pass)
     pass_line = (token + " PASS\n").encode()
@@ -153,7 +188,10 @@ def main():
         json.dumps,
         str.encode,
     )
-    outcome = run_cases(job) if job["mode"] == "io" else run_tests(job)
+    if job["mode"] == "check":
+        outcome = crossing.run_split_tests(job, *job["channel"])
+    else:
+        outcome = run_cases(job) if job["mode"] == "io" else run_tests(job)
     try:
         flush_out()
         flush_err()

@@ -5,13 +5,20 @@ the extracted code (the env's ``extraction: "code"`` gives the last fenced block
 the reason ``no code``). Whether the code is a whole function or only its body, both read right after the prefix.
 Then, by what the row holds:
 
-* ``task[tests_key]`` (default ``"test"``), Python source or a list of statements: run after the code in the same
-  namespace; when the row has ``task[entry_point_key]``, ``check(<entry_point>)`` is called after them (HumanEval's
-  ``def check(candidate)``); a list such as MBPP's ``["assert f(1) == 2", ...]`` is run statement by statement;
+* ``task[tests_key]`` (default ``"test"``), Python source or a list of statements (MBPP's ``["assert f(1) == 2",
+  ...]``, run statement by statement); when the row has ``task[entry_point_key]``, ``check(<entry_point>)`` is called
+  after them (HumanEval's ``def check(candidate)``). The tests run in a sandboxed process of their own that never
+  executes the code: they call the code's functions through proxies, and only plain data crosses
+  (:mod:`hf_rollouts.sandbox.crossing`), so an object whose ``__eq__`` always says yes, or code that walks the stack
+  to the report line, cannot fake a pass. ``same_process=True`` (an option of the verifier, in the row's
+  ``env_config``) runs them in the code's process instead, as HumanEval's own harness does: only for tasks whose
+  values cannot cross (generators, objects of the code's classes), where those hacks work;
 * ``task[cases_key]`` (default ``"cases"``), ``[{"input": ..., "output": ...}]``: the code runs once per case as its
   own process, the input on stdin, its stdout compared with the output (trailing whitespace ignored).
 
-Reward 1.0 when every test passes, else 0.0; the verdict's reason says why (the failed test and the error's last
+The task is checked first (:meth:`CodeVerifier.check_task`): a task without usable tests raises
+:class:`~hf_rollouts.verify.TaskFieldError` naming the field, before any code runs. Reward 1.0 when every test passes,
+else 0.0; the verdict's reason says why (the failed test and the error's last
 line, ``timeout``, ``memory limit``, ``output limit``, ``killed by SIGKILL``, ``exited ... before the tests
 finished``) and ``info`` holds the sandbox's status, the tests passed, the seconds and the start of the output.
 
@@ -29,7 +36,7 @@ from typing import Any
 
 from ..aio import ENGINE_LOOP
 from ..sandbox import Sandbox, SandboxLimits
-from ..sandbox.run import BACKENDS, HARNESS
+from ..sandbox.run import BACKENDS, CROSSING, HARNESS
 from .base import TaskFieldError, Verdict, Verifier, reference, register_verifier
 
 NO_CODE = "no code: the reply has no code block to run"
@@ -60,8 +67,11 @@ class CodeVerifier(Verifier):
     max_concurrency: int = 4
     sandbox: str = "bwrap"
     bwrap: str | None = None
+    same_process: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.same_process, bool):
+            raise ValueError(f"same_process must be true or false, got {self.same_process!r}.")
         if self.sandbox not in BACKENDS:
             raise ValueError(
                 f"sandbox must be 'bwrap' or, to run the code WITHOUT isolation, {BACKENDS[1]!r}; got {self.sandbox!r}."
@@ -96,6 +106,10 @@ class CodeVerifier(Verifier):
             raise TaskFieldError(self.tests_key, f"verifier 'code' needs tests: task_data[{self.tests_key!r}] (Python "
                                  f"source or a list of asserts) or task_data[{self.cases_key!r}] (stdin/stdout cases); "
                                  f"the task has {sorted(task)}.")  # fmt: skip
+        prefix = task.get(self.prefix_key)
+        if prefix is not None and not isinstance(prefix, str):
+            raise TaskFieldError(self.prefix_key, f"task_data[{self.prefix_key!r}] must be Python source (the code "
+                                 f"put before the reply's), got {type(prefix).__name__}.")  # fmt: skip
         entry = task.get(self.entry_point_key)
         if entry is not None and not (isinstance(entry, str) and entry.isidentifier()):
             raise TaskFieldError(self.entry_point_key, f"task_data[{self.entry_point_key!r}] must be a function name, "
@@ -111,6 +125,14 @@ class CodeVerifier(Verifier):
         return ENGINE_LOOP.call(self.ascore(reply, answer, task))
 
     async def ascore(self, reply: str, answer: str | None, task: Mapping[str, Any]) -> Verdict:
+        """The verdict (see the module docstring); a task without usable tests raises
+        :class:`~hf_rollouts.verify.TaskFieldError` (a ``ValueError`` naming the field and what to give) before any
+        code runs."""
+        if not isinstance(task, Mapping):
+            raise TaskFieldError(
+                None, f"verifier 'code' scores against a task dict (task_data), got {type(task).__name__}."
+            )
+        self.check_task(task)
         if answer is None or not answer.strip():
             return Verdict(0.0, NO_CODE, {"status": "no_code"})
         result = await self._run(self.program(answer, task), task)
@@ -124,14 +146,19 @@ class CodeVerifier(Verifier):
     async def _run(self, program: str, task: Mapping[str, Any]):
         sandbox: Sandbox = self._sandbox  # type: ignore[attr-defined]
         if task.get(self.tests_key) is not None:
-            return await sandbox.arun(
-                "tests", program, task[self.tests_key], entry_point=task.get(self.entry_point_key)
-            )
+            prefix = task.get(self.prefix_key) or ""
+            options = {
+                "entry_point": task.get(self.entry_point_key),
+                "prefix": prefix,
+                "same_process": self.same_process,
+            }
+            return await sandbox.arun("tests", program, task[self.tests_key], **options)
         return await sandbox.arun("io", program, cases=list(task[self.cases_key]))
 
     def fingerprint(self) -> str:
         """The default fingerprint, plus the harness's source (it decides what passes)."""
-        return f"{super().fingerprint()}:{hashlib.sha256(HARNESS.read_bytes()).hexdigest()[:16]}"
+        sources = HARNESS.read_bytes() + CROSSING.read_bytes()
+        return f"{super().fingerprint()}:{hashlib.sha256(sources).hexdigest()[:16]}"
 
 
 __all__ = ["NO_CODE", "CodeVerifier", "shared_sandbox"]
