@@ -239,8 +239,9 @@ def validate_task_rows(
                     f"it runs its code. If you trust it, allow it: allowed_env_modules=[{module!r}] (CLI: "
                     f"--allow-env-module {module})."
                 )
-        for model_key in cls.model_config_keys:
-            value = config.get(model_key)
+        named = cls.models_to_load(config)
+        for model_key in (*cls.model_config_keys, *named):
+            value = named[model_key] if model_key in named else config.get(model_key)
             specs = value if isinstance(value, list) else [value]  # a spec, or a list of them (MCP servers)
             bad = next((v for v in specs if v is not None and not isinstance(v, str)), None)
             if bad is not None:

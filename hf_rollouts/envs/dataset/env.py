@@ -55,7 +55,7 @@ class DatasetConfig(EnvConfig):
     verifier: list | dict | str = option(
         "exact",
         "The verifier spec, e.g. 'math' or {'name': 'numeric', 'abs_tol': 0.01}, or a list of specs with 'weight's "
-        "(a rubric). Names: exact, numeric, math, format, trl (see hf_rollouts.verify).",
+        "(a rubric). Names: exact, numeric, math, format, trl, code, judge, reward_model (see hf_rollouts.verify).",
     )
     extraction: str = option("whole", "How the answer is taken from the reply.", choices=EXTRACTIONS)
     extraction_pattern: str | None = option(
@@ -149,6 +149,15 @@ class DatasetEnv(MultistepEnv):
             "hf_rollouts.envs.dataset.to_task_rows(dataset, prompt_column=..., answer_column=...) or "
             "`hf-rollouts tasks --from-dataset PATH_OR_NAME --prompt-column ... --answer-column ...`."
         )
+
+    @classmethod
+    def models_to_load(cls, env_config: dict[str, Any]) -> dict[str, list[str]]:
+        """The models the verifiers load or call (a ``judge``, a ``reward_model``), trusted only if allowed."""
+        try:
+            models = Rubric.models_in((env_config or {}).get("verifier", "exact"))
+        except VerifierConfigError:
+            return {}  # a bad spec: the config check refuses it, naming the key
+        return {"verifier": models} if models else {}
 
     @classmethod
     def modules_to_import(cls, env_config: dict[str, Any]) -> list[str]:
