@@ -173,6 +173,9 @@ def test_a_reward_model_in_a_rubric_through_the_env_and_env_config(rm_path, toke
         (VerdictParser("score", (0, 5), pattern=r"score:\s*(\S+)"), "3 points... Score: 5", 1.0),
         (VerdictParser("letter", letters={"A": 1.0, "B": 0.5, "C": 0.0}), "The answer is (B).", 0.5),
         (VerdictParser("letter", pattern=r"VERDICT:\s*(?P<verdict>\w)"), "A or B? VERDICT: B", 0.0),
+        (VerdictParser("letter"), "**B**", 0.0),
+        (VerdictParser("letter"), "A spider has 8 legs, so the answer is A", 1.0),
+        (VerdictParser("letter"), "B) it does not agree", 0.0),
     ],
 )
 def test_verdict_parsers(parser, reply, reward):
@@ -186,6 +189,7 @@ def test_verdict_parsers(parser, reply, reward):
         (VerdictParser("score", (1, 10)), "eleven out of ten: 11", "outside the range"),
         (VerdictParser("score"), "great", "no number"),
         (VerdictParser("letter"), "Answer: C", "none of the letters"),
+        (VerdictParser("letter"), "A spider has six legs.", "none of the letters"),  # "A" the word is no choice
         (VerdictParser(pattern="VERDICT: (yes|no)"), "yes", "does not match the verdict pattern"),
     ],
 )
@@ -288,3 +292,47 @@ def test_the_micro_batcher_fails_only_the_calls_that_failed():
     assert out[0] == "A" and isinstance(out[1], ValueError) and out[2] == "C" and batcher.sizes == [2, 1]
     out = ENGINE_LOOP.call(calls("x", "boom"))
     assert all(isinstance(x, RuntimeError) for x in out)
+
+
+def test_the_guide_section_prints_what_it_shows(tmp_path, monkeypatch):
+    """docs/guides/datasets.md, "Scored by a model": its example runs and prints what the page shows."""
+    import contextlib
+    import io
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "datasets.md").read_text()
+    marker = "<!-- run by tests/test_model_verifiers.py::test_the_guide_section_prints_what_it_shows -->"
+    shape = r"\n```python\n(.*?)^```\n\nprints.*?\n\n```text\n(.*?)^```"
+    found = re.search(re.escape(marker) + shape, page, re.S | re.M)
+    code, shown = found.groups()
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "datasets.md: Scored by a model", "exec"), {"__name__": "guide_scored_by_a_model"})
+    assert out.getvalue() == shown
+
+
+def test_cli_tasks_with_a_reward_model_then_generate_only_when_the_model_is_allowed(rm_path, tmp_path, capsys):
+    from datasets import load_from_disk
+
+    from hf_rollouts.cli import main
+
+    source = tmp_path / "qa.jsonl"
+    source.write_text("\n".join(json.dumps({"question": q, "answer": "x"}) for q in ("Why is the sky blue?", "Hi?")))
+    rule = {"name": "format", "pattern": "\\.$", "weight": 0.5}
+    spec = json.dumps([{"name": "reward_model", "model": rm_path}, rule])
+    argv = ["tasks", "--from-dataset", str(source), "--prompt-column", "question", "--verifier", spec]
+    assert main([*argv, "--output", str(tmp_path / "t")]) == 0
+    generate = ["generate", "--tasks", str(tmp_path / "t"), "--model", "tiny", "--num-rollouts", "2"]
+    generate += ["--max-new-tokens", "8", "--cache-dir", str(tmp_path / "c"), "--output"]
+    assert main([*generate, str(tmp_path / "refused")]) == 2
+    assert "names a model" in capsys.readouterr().err and not (tmp_path / "refused").exists()
+    assert main([*generate, str(tmp_path / "o"), "--allow-env-model", rm_path]) == 0
+    out = load_from_disk(str(tmp_path / "o"))
+    assert all(s == ["done", "done"] for s in out["statuses"])
+    for row in out:
+        for info, reward in zip(row["infos"], row["final_rewards"]):
+            model_part, rule = json.loads(info)["components"]
+            assert reward == pytest.approx(model_part["reward"] + 0.5 * rule["reward"], abs=1e-5)
+            assert model_part["name"] == "reward_model" and model_part["info"]["input_tokens"] > 5

@@ -7,10 +7,11 @@ reference_key]``; a template without it and ``reference_key=None`` judge with no
 ``{answer}`` (the extracted answer), after an optional ``system_prompt``.
 
 Its reply is read by a :class:`VerdictParser`: ``yes_no`` (the first word "yes" or "no": 1.0 / 0.0), ``score`` (the
-first number, in ``score_range`` ``[lo, hi]``, scaled to ``(x - lo) / (hi - lo)``) or ``letter`` (the first of the
-``letters``' keys standing alone, its value), after ``pattern`` (a regex whose group ``verdict``, else its first
-group, is the verdict text) when given. A reply it cannot read is **no verdict**: :class:`NoVerdictError` with the
-reason and the judge's reply, so the episode ends as ``error``, never as a 0 reward.
+first number, in ``score_range`` ``[lo, hi]``, scaled to ``(x - lo) / (hi - lo)``) or ``letter`` (one of the
+``letters``' keys marked as the choice: the whole reply, ``(B)``, ``B)``, ``B.``, ``B:``, ``answer: B``; its value),
+after ``pattern`` (a regex whose group ``verdict``, else its first group, is the verdict text) when given. A reply it
+cannot read is **no verdict**: :class:`NoVerdictError` with the reason and the judge's reply, so the episode ends as
+``error``, never as a 0 reward.
 
 The verdict's ``info``: ``judge_prompt`` (the full user message), ``judge_reply``, ``verdict`` (the text read) and
 ``score``. Full marks (no reason) is a reward of 1.0.
@@ -116,10 +117,17 @@ class VerdictParser:
                 raise NoVerdictError(f"the score {found[0]} is outside the range [{lo:g}, {hi:g}]", reply)
             return (value - lo) / (hi - lo), found[0]
         keys = "|".join(re.escape(k) for k in sorted(self.letters, key=len, reverse=True))
-        found = re.search(rf"(?<![A-Za-z0-9])({keys})(?![A-Za-z0-9])", text)
-        if found is None:
-            raise NoVerdictError(f"none of the letters {sorted(self.letters)} in the reply", reply)
-        return float(self.letters[found[1]]), found[1]
+        marked = (  # a letter marked as a choice; a bare one is a word ("A spider has ...")
+            rf"^\W*({keys})\W*$",  # the whole reply: "B", "(B).", "**B**"
+            rf"\(({keys})\)",  # "(B)"
+            rf"(?<![A-Za-z0-9])({keys})[).:](?!\w)",  # "B)", "B.", "B:"
+            rf"(?:answer|verdict|choice|option)(?:\s+is)?\s*:?\s*({keys})(?![A-Za-z0-9])",  # "answer: B", "Answer is B"
+        )
+        for rule in marked:
+            found = re.search(rule, text, re.IGNORECASE if rule.startswith("(?:") else 0)
+            if found is not None:
+                return float(self.letters[found[1]]), found[1]
+        raise NoVerdictError(f"none of the letters {sorted(self.letters)} marked as the answer in the reply", reply)
 
 
 _AGENTS: dict[str, Any] = {}
