@@ -336,3 +336,31 @@ def test_cli_tasks_with_a_reward_model_then_generate_only_when_the_model_is_allo
             model_part, rule = json.loads(info)["components"]
             assert reward == pytest.approx(model_part["reward"] + 0.5 * rule["reward"], abs=1e-5)
             assert model_part["name"] == "reward_model" and model_part["info"]["input_tokens"] > 5
+
+
+def test_a_judge_behind_the_loopback_server_reads_what_the_local_judge_reads(tiny, _cache_dir):
+    """The tiny model as a judge served by the loopback vLLM-protocol server (a per-request agent, each call awaited
+    on the loop as it comes) and loaded locally (batched): greedy, the same prompts give the same judge replies; every
+    request carries the judge's own seed for its prompt."""
+    from vllm_protocol_server import VLLMProtocolServer
+
+    from hf_rollouts.tiny_model import tiny_model_path
+
+    model, tokenizer = tiny
+    task = {"prompt": QUESTION, "answer": "4"}
+
+    def replies(judge):
+        return [
+            v.reply if isinstance(v, NoVerdictError) else v.info["judge_reply"]
+            for v in gather(judge, REPLIES, [task] * 4)
+        ]
+
+    local = Judge("tiny", max_new_tokens=6)
+    with VLLMProtocolServer(model, tokenizer) as server:
+        served = Judge(f"openai:{server.url}#tiny", tokenizer=str(tiny_model_path(0)), max_new_tokens=6)
+        assert served.agent().answers_per_request and not local.agent().answers_per_request
+        from_server = replies(served)
+        seeds = [entry["body"].get("seed") for entry in server.log if entry["body"].get("max_tokens") == 6]
+    assert from_server == replies(local) and any(from_server)
+    expected = [served.agent().request_seed(served.request(served.prompt(r, None, task))) for r in REPLIES]
+    assert sorted(seeds) == sorted(expected) and len(set(expected)) == 4

@@ -32,7 +32,6 @@ The judge model is named in ``env_config``: a task row may name it only when the
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import math
 import re
@@ -43,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..aio import THREADS
+from ..seeding import derive_seed
 from ..types import AgentRequest
 from .base import TaskFieldError, Verdict, Verifier, VerifierConfigError, reference, register_verifier
 from .batcher import MicroBatcher
@@ -242,8 +242,8 @@ class Judge(Verifier):
         if tokenizer is not None and getattr(tokenizer, "chat_template", None):
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        digest = hashlib.sha256(f"{self.seed}\0{prompt}".encode()).digest()
-        return AgentRequest(messages=messages, prompt_token_ids=list(ids), seed=int.from_bytes(digest[:4], "big") >> 1)
+        seed = derive_seed("judge", self.seed, prompt) & 0x7FFFFFFF
+        return AgentRequest(messages=messages, prompt_token_ids=list(ids), seed=seed)
 
     def _act_batch(self, requests: list[AgentRequest]) -> list[Any]:
         return self.agent().act_batch(requests)
