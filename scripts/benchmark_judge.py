@@ -14,9 +14,15 @@ part 1's.
 
 Part 3 (overlap): the policy is SmolLM2 behind that loopback server (a per-request agent: each episode's request goes
 out as soon as it is made; the server answers one at a time), 16 questions x 2 rollouts. The same run (same seeds,
-same replies) with the ``exact`` verifier (instant) and with the local SmolLM2 judge; then the judge alone on the
-replies of the judged run (its calls awaited together, as the run awaits them). If judging overlapped generation, the
-judged run takes less than instant run + judge alone. Figures are ratios of runs made side by side in one process.
+same replies) with the ``exact`` verifier (instant) and with the local SmolLM2 judge, interleaved, twice each; then
+the judge alone on the replies of the judged run (its calls awaited together, as the run awaits them). If judging
+overlapped generation, the judged run takes less than instant run + judge alone. Figures are ratios of runs made
+side by side in one process.
+
+Part 4 (latency): the engine's overlap without CPU contention. The policy is the tiny-small model behind the loopback
+server (per request); the judge is a remote one, simulated: each call waits ``--judge-latency`` seconds on the loop
+(``asyncio.sleep``) and says "yes". The same 32 episodes with ``exact`` and with that judge, interleaved, twice each:
+serial judging would add 32 x latency; overlapped, about one latency.
 """
 
 from __future__ import annotations
@@ -128,30 +134,79 @@ def overlap(judge, served_url: str, tokenizer_path: str) -> None:
         out = generate_rollouts(
             tasks, policy, 2, seed=0, progress=False, cache_dir=tempfile.mkdtemp(), allowed_env_models=["smollm2"]
         )
-        return out, time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        print(f"    run with {verifier if isinstance(verifier, str) else 'the judge'}: {seconds:.1f} s", flush=True)
+        return out, seconds
 
-    instant, t_instant = run("exact")
+    instant, t_instant = run("exact")  # interleaved, twice each: the machine is shared
     with_judge, t_judged = run(judged)
-    again, t_instant2 = run("exact")
+    _, t_instant2 = run("exact")
+    _, t_judged2 = run(judged)
     replies = [(conv[-1]["content"], row["task_data"]) for row in with_judge for conv in row["conversations"]]
     _, t_alone = judge_all(judge, replies)
     statuses = [s for row in with_judge["statuses"] for s in row]
     same = [c[-1]["content"] for r in instant["conversations"] for c in r] == [c for c, _ in replies]
     print(
-        f"[overlap] 32 episodes; instant verifier {t_instant:.1f} s (again {t_instant2:.1f} s); judged run "
-        f"{t_judged:.1f} s; the judge alone on its replies {t_alone:.1f} s; same replies in both runs: {same}; "
+        f"[overlap] 32 episodes; instant verifier {t_instant:.1f} s, {t_instant2:.1f} s; judged {t_judged:.1f} s, "
+        f"{t_judged2:.1f} s; the judge alone on its replies {t_alone:.1f} s; same replies in both runs: {same}; "
         f"judged statuses {dict((s, statuses.count(s)) for s in set(statuses))}"
     )
-    base = (t_instant + t_instant2) / 2
+    base, judged_mean = (t_instant + t_instant2) / 2, (t_judged + t_judged2) / 2
     print(
-        f"[overlap] judged run / instant run = {t_judged / base:.2f}; judged run / (instant run + judge alone) = "
-        f"{t_judged / (base + t_alone):.2f} (1.0 = serial, {base / (base + t_alone):.2f} = fully hidden)"
+        f"[overlap] judged run / instant run = {judged_mean / base:.2f}; judged run / (instant run + judge alone) = "
+        f"{judged_mean / (base + t_alone):.2f} (1.0 = serial, {base / (base + t_alone):.2f} = fully hidden)"
+    )
+
+
+def latency(seconds: float) -> None:
+    from vllm_protocol_server import VLLMProtocolServer
+
+    from hf_rollouts.agents import Agent, SamplingConfig
+    from hf_rollouts.agents.openai import OpenAIChatAgent
+    from hf_rollouts.envs.dataset import DatasetEnv
+    from hf_rollouts.tiny_model import build_tiny_model
+    from hf_rollouts.types import Action
+
+    class RemoteJudge(Agent):
+        """A judge that answers each request after ``seconds`` on the loop (a remote server, simulated)."""
+
+        answers_per_request = True
+        calls = 0
+
+        def get_action(self, messages, agent_state=None):
+            raise RuntimeError("answered on the loop only")
+
+        async def answer(self, request):
+            RemoteJudge.calls += 1
+            await asyncio.sleep(seconds)
+            return Action(text="yes"), None
+
+    model, tok = build_tiny_model(size="small")
+    tasks = [{"prompt": q, "answer": ref} for q, ref, _, _ in ANSWERS]
+    times: dict[str, list[float]] = {"exact": [], "judge": []}
+    with VLLMProtocolServer(model, tok) as server:
+        policy = OpenAIChatAgent(
+            base_url=server.url, model="tiny", tokenizer=tok, sampling=SamplingConfig(max_new_tokens=24)
+        )
+        for _ in range(2):
+            for name, verifier in (("exact", "exact"), ("judge", {"name": "judge", "model": RemoteJudge()})):
+                env = DatasetEnv(tok, {"verifier": verifier})
+                start = time.perf_counter()
+                out = env.run_trial(tasks, policy, 2)
+                times[name].append(time.perf_counter() - start)
+                assert all(s == "done" for s in out["statuses"]), out["errors"]
+    base, judged = (sum(times["exact"]) / 2, sum(times["judge"]) / 2)
+    print(
+        f"[latency] 32 episodes, judge latency {seconds} s ({RemoteJudge.calls} calls): exact "
+        f"{[round(t, 2) for t in times['exact']]} s, judged {[round(t, 2) for t in times['judge']]} s; "
+        f"judged - instant = {judged - base:.2f} s (serial: {32 * seconds:.1f} s)"
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", nargs="+", default=["agreement", "server", "overlap"])
+    parser.add_argument("--parts", nargs="+", default=["agreement", "server", "overlap", "latency"])
+    parser.add_argument("--judge-latency", type=float, default=0.5)
     args = parser.parse_args()
     import torch
     from vllm_protocol_server import VLLMProtocolServer
@@ -160,6 +215,8 @@ def main() -> None:
     from hf_rollouts.verify import Judge
 
     torch.set_num_threads(1)
+    if args.parts == ["latency"]:
+        return latency(args.judge_latency)
     local = Judge("smollm2", max_new_tokens=4)
     local.agent()  # load once, not timed
     results = {}
@@ -176,6 +233,8 @@ def main() -> None:
     if "overlap" in args.parts:
         with VLLMProtocolServer(model, tok, served_model_name="smollm2") as server:
             overlap(local, server.url, str(smollm2_path()))
+    if "latency" in args.parts:
+        latency(args.judge_latency)
     print(json.dumps({"torch_threads": torch.get_num_threads(), "cpus": os.cpu_count()}))
 
 
