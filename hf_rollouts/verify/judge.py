@@ -1,7 +1,8 @@
 """``judge``: an agent of the project grades the reply, and a parser reads its verdict.
 
 The judge is any :class:`~hf_rollouts.agents.base.Agent`: a ``load_agent`` spec in ``model`` (``"smollm2"``, a hub
-id or path, ``"vllm:ID"``, ``"openai:URL#MODEL"``) or, in Python, an agent object. It gets one user message, the
+id or path, ``"vllm:ID"``, ``"openai:URL#MODEL"``) or, in Python, an agent object (which samples with its own
+settings: ``temperature`` and ``max_new_tokens`` apply to a spec only). It gets one user message, the
 ``template`` filled with ``{question}`` (the task's prompt: its user message), ``{reference}`` (``task_data[
 reference_key]``; a template without it and ``reference_key=None`` judge with no reference), ``{reply}`` and
 ``{answer}`` (the extracted answer), after an optional ``system_prompt``.
@@ -183,12 +184,8 @@ class Judge(Verifier):
             )
         if "reference" in used and reference_key is None:
             raise VerifierConfigError("reference_key", "judge: the template uses {reference}; give reference_key.")
-        self.model, self.template, self.reference_key, self.system_prompt = (
-            model,
-            template,
-            reference_key,
-            system_prompt,
-        )
+        self.model, self.template, self.reference_key = model, template, reference_key
+        self.system_prompt = system_prompt
         self.parser = VerdictParser(verdict, tuple(score_range), dict(letters or {"A": 1.0, "B": 0.0}), pattern)
         self.temperature, self.max_new_tokens, self.seed, self.tokenizer = temperature, max_new_tokens, seed, tokenizer
         self.uses_reference = "reference" in used

@@ -128,8 +128,10 @@ class RewardModel(Verifier):
             raise VerifierConfigError(
                 "truncation_side", f"truncation_side is 'left' or 'right', got {truncation_side!r}."
             )
-        if max_length is not None and max_length < 1 or batch_size < 1:
-            raise VerifierConfigError("max_length", "max_length and batch_size must be >= 1.")
+        if max_length is not None and max_length < 1:
+            raise VerifierConfigError("max_length", f"reward_model: max_length must be >= 1, got {max_length}.")
+        if batch_size < 1:
+            raise VerifierConfigError("batch_size", f"reward_model: batch_size must be >= 1, got {batch_size}.")
         if dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise VerifierConfigError("dtype", f"dtype is float32, bfloat16, float16 or auto, got {dtype!r}.")
         self.model, self.tokenizer, self.conversational, self.threshold = model, tokenizer, conversational, threshold

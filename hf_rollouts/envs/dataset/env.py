@@ -20,6 +20,9 @@ the next user turn (``feedback``) and another try. **Only the final try is rewar
 ``retry_discount ** (tries - 1)`` (default 1.0: a late right answer counts in full; 0.5 halves it per extra try);
 earlier tries get 0, so partial credit (a format reward) is never collected once per try.
 
+Verifiers that are models (``judge``, ``reward_model``) name them in ``env_config``: :meth:`DatasetEnv.models_to_load`
+lists them for the trust rule (``allowed_env_models``), as an env's own model keys.
+
 ``info`` of every try: ``answer`` (extracted, ``None`` when none was found), ``reward`` (the rubric's, before the
 discount), ``reason`` (why it is not full marks; ``None`` when it passed), ``components`` (each verifier's name,
 weight, reward, reason and details), ``try`` (1-based) and ``solved``. A verifier that raises makes the episode
