@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from .paths import cache_root
 
-__all__ = ["build_tiny_model", "build_tokenizer", "tiny_model_path"]
+__all__ = ["build_tiny_model", "build_tokenizer", "tiny_model_path", "tiny_reward_model_path"]
 
 BUILD_VERSION = 3  # bump when the recipe changes, so old caches are not reused
 PAD, EOS = "<|pad|>", "<|end|>"
@@ -156,3 +156,42 @@ def tiny_model_path(seed: int = 0, size: str = "tiny", cache_dir: str | Path | N
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     root.mkdir(parents=True, exist_ok=True)
     return root / f"tiny-v{BUILD_VERSION}-{size}-seed{seed}"
+
+
+def tiny_reward_model_path(seed: int = 0, cache_dir: str | Path | None = None) -> Path:
+    """A folder holding a tiny reward model with seeded random weights (``LlamaForSequenceClassification``,
+    ``num_labels=1``, the tiny model's shape) and the tiny tokenizer (left padding, its chat template), built once:
+    what TRL's ``reward_funcs`` and the ``reward_model`` verifier load by path, for tests and examples."""
+    from transformers import LlamaForSequenceClassification
+
+    path = tiny_model_path(seed, "tiny", cache_dir).with_name(f"tiny-v{BUILD_VERSION}-reward-seed{seed}")
+    if not (path / "config.json").is_file():
+        spec = SIZES["tiny"]
+        tokenizer = build_tokenizer(spec.vocab_size)
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=spec.hidden_size,
+            intermediate_size=spec.intermediate_size,
+            num_hidden_layers=spec.num_hidden_layers,
+            num_attention_heads=spec.num_attention_heads,
+            num_key_value_heads=spec.num_key_value_heads,
+            max_position_embeddings=4096,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=None,
+            num_labels=1,
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = LlamaForSequenceClassification(config)
+            torch.nn.init.normal_(model.score.weight, std=0.5)  # scores that differ visibly between replies
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(path)
+        except OSError:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path

@@ -272,11 +272,17 @@ def test_every_module_stays_within_its_size():
 
 
 def test_verifiers_know_no_envs_and_no_agents():
+    """Only the judge (verify.judge) loads an agent (by a load_agent spec): it reaches agents, nothing else does, and
+    no verifier reaches envs or the rollout engine."""
     graph = _module_graph()
     verify = [m for m in graph if m.startswith("hf_rollouts.verify")]
     outside = {m for m in _reach(graph, verify) if not m.startswith("hf_rollouts.verify")}
-    known = ("hf_rollouts.envs", "hf_rollouts.agents", "hf_rollouts.rollout", "hf_rollouts.expansion")
+    known = ("hf_rollouts.envs", "hf_rollouts.rollout", "hf_rollouts.expansion")
     assert not [m for m in outside if m.startswith(known)], outside  # the loop and a sandbox it may reach
+    judge = "hf_rollouts.verify.judge"
+    graph[judge] = {d for d in graph[judge] if not d.startswith("hf_rollouts.agents")}
+    outside = {m for m in _reach(graph, verify) if not m.startswith("hf_rollouts.verify")}
+    assert not [m for m in outside if m.startswith("hf_rollouts.agents")], outside
 
 
 def test_executors_know_no_rollouts():

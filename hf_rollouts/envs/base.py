@@ -137,6 +137,13 @@ class MultistepEnv(ABC):
         refuses each one unless the caller allows its prefix (``allowed_env_modules``). Default: none."""
         return []
 
+    @classmethod
+    def models_to_load(cls, env_config: dict[str, Any]) -> dict[str, list[str]]:
+        """Models or endpoints named deeper in ``env_config`` than :attr:`model_config_keys` (a verifier's judge or
+        reward model), by top-level key: trusted like those, only when the caller allows them
+        (``allowed_env_models``). Default: none."""
+        return {}
+
     config_class: ClassVar[type[EnvConfig]] = EnvConfig
     """The typed declaration of this env's ``env_config`` keys (see :mod:`hf_rollouts.envs.config`)."""
 

@@ -259,8 +259,9 @@ def validate_task_rows(
             warned.add((path, tuple(unknown)))
             warnings.warn(f"row {i}: {unknown_keys_message(cls, unknown)}", UnknownConfigKeyWarning, stacklevel=2)
         check_modules_allowed(cls.modules_to_import(config), allowed, f"row {i}: field 'env_config' of {cls.__name__}")
-        for model_key in cls.model_config_keys:
-            value = config.get(model_key)
+        named = cls.models_to_load(config)
+        for model_key in (*cls.model_config_keys, *named):
+            value = named[model_key] if model_key in named else config.get(model_key)
             specs = value if isinstance(value, list) else [value]  # a spec, or a list of them (MCP servers)
             bad = next((v for v in specs if v is not None and not isinstance(v, str)), None)
             if bad is not None:

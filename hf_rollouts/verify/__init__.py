@@ -8,7 +8,10 @@
 * the shipped verifiers, by spec name: ``exact`` (:class:`ExactMatch`), ``numeric`` (:class:`Numeric`), ``format``
   (:class:`FormatRegex`), ``math`` (:class:`MathVerifier`, the optional ``math-verify`` extra) and ``trl``
   (:class:`TRLReward`: any TRL reward function, called as TRL calls it), ``code`` (:class:`CodeVerifier`: the
-  reply's code against the row's tests, in the sandbox of :mod:`hf_rollouts.sandbox`).
+  reply's code against the row's tests, in the sandbox of :mod:`hf_rollouts.sandbox`);
+* scored by a model: ``reward_model`` (:class:`RewardModel`: a sequence-classification reward model, as TRL's
+  ``reward_funcs`` score) and ``judge`` (:class:`Judge`: an agent grades the reply, :class:`VerdictParser` reads it),
+  both batched across episodes on the engine's loop (:class:`MicroBatcher`).
 
 Environments (:class:`hf_rollouts.envs.dataset.DatasetEnv`) hold a rubric and await its ``ascore``.
 """
@@ -25,10 +28,13 @@ from .base import (
     split_spec,
     verifier_class,
 )
+from .batcher import MicroBatcher
 from .checks import ExactMatch, FormatRegex, Numeric, normalize, parse_number, show_number
 from .code import CodeVerifier
 from .extract import EXTRACTIONS, check_extraction, code_block, extract_answer, last_boxed, last_number
+from .judge import Judge, NoVerdictError, VerdictParser
 from .mathverify import MathVerifier, latex_form, math_equal, math_parse
+from .reward_model import RewardModel
 from .rubric import Rubric, UnscorableError
 from .trl_reward import RewardFunctionError, TRLReward
 
@@ -38,14 +44,19 @@ __all__ = [
     "CodeVerifier",
     "ExactMatch",
     "FormatRegex",
+    "Judge",
     "MathVerifier",
+    "MicroBatcher",
+    "NoVerdictError",
     "Numeric",
     "RewardFunctionError",
+    "RewardModel",
     "Rubric",
     "TRLReward",
     "TaskFieldError",
     "UnscorableError",
     "Verdict",
+    "VerdictParser",
     "Verifier",
     "VerifierConfigError",
     "build_verifier",

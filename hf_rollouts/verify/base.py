@@ -119,6 +119,13 @@ class Verifier(ABC):
         (``allowed_env_modules``) can refuse them first. Default: none."""
         return []
 
+    @classmethod
+    def models_named(cls, options: Mapping[str, Any]) -> list[str]:
+        """Models or endpoints (``load_agent`` specs, ids, paths) that a verifier built from ``options`` would load or
+        call (a judge, a reward model), read from the spec; the registry's trust rule (``allowed_env_models``)
+        refuses them unless allowed. Default: none."""
+        return []
+
     def options(self) -> dict[str, Any]:
         """The verifier's options (its dataclass fields, else its public attributes)."""
         if is_dataclass(self):

@@ -60,6 +60,17 @@ class Rubric(Verifier):
             modules += verifier_class(name).modules_named(options)
         return modules
 
+    @staticmethod
+    def models_in(specs: Mapping[str, Any] | str | Iterable[Mapping[str, Any] | str]) -> list[str]:
+        """The models or endpoints the verifiers of ``specs`` would load or call (a judge, a reward model)."""
+        if isinstance(specs, (str, Mapping)):
+            specs = [specs]
+        models: list[str] = []
+        for spec in specs:
+            name, _, options = split_spec(spec)
+            models += verifier_class(name).models_named(options)
+        return models
+
     @property
     def max_reward(self) -> float:
         """The reward when every component gives full marks (1.0 each): the sum of the positive weights."""

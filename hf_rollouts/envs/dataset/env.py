@@ -28,6 +28,9 @@ the next user turn (``feedback``) and another try. **Only the final try is rewar
 ``retry_discount ** (tries - 1)`` (default 1.0: a late right answer counts in full; 0.5 halves it per extra try);
 earlier tries get 0, so partial credit (a format reward) is never collected once per try.
 
+Verifiers that are models (``judge``, ``reward_model``) name them in ``env_config``: :meth:`DatasetEnv.models_to_load`
+lists them for the trust rule (``allowed_env_models``), as an env's own model keys.
+
 ``info`` of every try: ``answer`` (extracted, ``None`` when none was found), ``reward`` (the rubric's, before the
 discount), ``reason`` (why it is not full marks; ``None`` when it passed), ``components`` (each verifier's name,
 weight, reward, reason and details), ``try`` (1-based) and ``solved``. A verifier that raises makes the episode
@@ -67,7 +70,7 @@ class DatasetConfig(EnvConfig):
     verifier: list | dict | str = option(
         "exact",
         "The verifier spec, e.g. 'math' or {'name': 'numeric', 'abs_tol': 0.01}, or a list of specs with 'weight's "
-        "(a rubric). Names: exact, numeric, math, format, trl (see hf_rollouts.verify).",
+        "(a rubric). Names: exact, numeric, math, format, trl, code, judge, reward_model (see hf_rollouts.verify).",
     )
     extraction: str = option("whole", "How the answer is taken from the reply.", choices=EXTRACTIONS)
     extraction_pattern: str | None = option(
@@ -190,6 +193,15 @@ class DatasetEnv(MultistepEnv):
             "hf_rollouts.envs.dataset.to_task_rows(dataset, prompt_column=..., answer_column=...) or "
             "`hf-rollouts tasks --from-dataset PATH_OR_NAME --prompt-column ... --answer-column ...`."
         )
+
+    @classmethod
+    def models_to_load(cls, env_config: dict[str, Any]) -> dict[str, list[str]]:
+        """The models the verifiers load or call (a ``judge``, a ``reward_model``), trusted only if allowed."""
+        try:
+            models = Rubric.models_in((env_config or {}).get("verifier", "exact"))
+        except VerifierConfigError:
+            return {}  # a bad spec: the config check refuses it, naming the key
+        return {"verifier": models} if models else {}
 
     @classmethod
     def modules_to_import(cls, env_config: dict[str, Any]) -> list[str]:

@@ -1,0 +1,281 @@
+"""``judge``: an agent of the project grades the reply, and a parser reads its verdict.
+
+The judge is any :class:`~hf_rollouts.agents.base.Agent`: a ``load_agent`` spec in ``model`` (``"smollm2"``, a hub
+id or path, ``"vllm:ID"``, ``"openai:URL#MODEL"``) or, in Python, an agent object (which samples with its own
+settings: ``temperature`` and ``max_new_tokens`` apply to a spec only). It gets one user message, the
+``template`` filled with ``{question}`` (the task's prompt: its user message), ``{reference}`` (``task_data[
+reference_key]``; a template without it and ``reference_key=None`` judge with no reference), ``{reply}`` and
+``{answer}`` (the extracted answer), after an optional ``system_prompt``.
+
+Its reply is read by a :class:`VerdictParser`: ``yes_no`` (the first word "yes" or "no": 1.0 / 0.0), ``score`` (the
+first number, in ``score_range`` ``[lo, hi]``, scaled to ``(x - lo) / (hi - lo)``) or ``letter`` (one of the
+``letters``' keys marked as the choice: the whole reply, ``(B)``, ``B)``, ``B.``, ``B:``, ``answer: B``; its value),
+after ``pattern`` (a regex whose group ``verdict``, else its first group, is the verdict text) when given. A reply it
+cannot read is **no verdict**: :class:`NoVerdictError` with the reason and the judge's reply, so the episode ends as
+``error``, never as a 0 reward.
+
+The verdict's ``info``: ``judge_prompt`` (the full user message), ``judge_reply``, ``verdict`` (the text read) and
+``score``. Full marks (no reason) is a reward of 1.0.
+
+**Reruns score the same**: the judge samples with ``temperature`` (default 0, greedy) and, per call, a seed derived
+from its own ``seed`` and the judge prompt, never from the run's seeds or from which calls share a batch.
+
+**On the engine's loop**: an agent that answers each request on its own (``answers_per_request``: an
+OpenAI-compatible server, vLLM's engine) is awaited there, request by request; a client-batching agent (a
+transformers model) gets the calls awaited together as one ``act_batch`` on a worker thread
+(:class:`~.batcher.MicroBatcher`). Either way the judge's work overlaps the episodes' generation; give the judge an
+agent of its own, never the policy's object. A judge named by spec loads on first use, once per process and settings.
+
+The judge model is named in ``env_config``: a task row may name it only when the caller allows it
+(``allowed_env_models``, CLI ``--allow-env-model``; :meth:`Judge.models_named`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import string
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..aio import THREADS
+from ..seeding import derive_seed
+from ..types import AgentRequest
+from .base import TaskFieldError, Verdict, Verifier, VerifierConfigError, reference, register_verifier
+from .batcher import MicroBatcher
+
+DEFAULT_TEMPLATE = (
+    "Grade a student's answer.\n\nQuestion:\n{question}\n\nReference answer:\n{reference}\n\nStudent's answer:\n"
+    "{reply}\n\nDoes the student's answer agree with the reference answer? Reply with one word: yes or no."
+)
+"""The default judge prompt: a yes/no check of the reply against the reference."""
+
+FIELDS = ("question", "reference", "reply", "answer")
+PARSERS = ("yes_no", "score", "letter")
+
+
+class NoVerdictError(ValueError):
+    """The judge's reply holds no verdict the parser can read (or the judge failed): the episode is an ``error``,
+    never a 0 reward. ``reply`` is what the judge said."""
+
+    def __init__(self, reason: str, reply: str | None = None) -> None:
+        shown = "" if reply is None else f"; the judge replied {reply[:300]!r}"
+        super().__init__(f"no verdict: {reason}{shown}")
+        self.reason, self.reply = reason, reply
+
+
+@dataclass(frozen=True)
+class VerdictParser:
+    """Reads a verdict from a judge's reply (see the module docstring): :meth:`parse` -> ``(reward, text read)``,
+    :class:`NoVerdictError` when there is none."""
+
+    kind: str = "yes_no"
+    score_range: tuple[float, float] = (0.0, 10.0)
+    letters: dict[str, float] = field(default_factory=lambda: {"A": 1.0, "B": 0.0})
+    pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in PARSERS:
+            raise VerifierConfigError("verdict", f"judge: verdict is one of {list(PARSERS)}, got {self.kind!r}.")
+        lo, hi = self.score_range
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise VerifierConfigError("score_range", f"judge: score_range is [low, high], got {self.score_range!r}.")
+        if not self.letters or not all(isinstance(k, str) and k for k in self.letters):
+            raise VerifierConfigError("letters", f"judge: letters maps letters to rewards, got {self.letters!r}.")
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as exc:
+                raise VerifierConfigError("pattern", f"judge: pattern {self.pattern!r} is not a regex: {exc}.") from exc
+
+    def located(self, reply: str) -> str:
+        """The part of ``reply`` that holds the verdict: ``pattern``'s group, or the whole reply."""
+        if self.pattern is None:
+            return reply
+        match = re.search(self.pattern, reply, re.DOTALL | re.IGNORECASE)
+        if match is None:
+            raise NoVerdictError(f"the reply does not match the verdict pattern /{self.pattern}/", reply)
+        names = match.groupdict()
+        return names["verdict"] if "verdict" in names else match.group(1) if match.re.groups else match.group(0)
+
+    def parse(self, reply: str) -> tuple[float, str]:
+        text = self.located(reply)
+        if self.kind == "yes_no":
+            found = re.search(r"\b(yes|no)\b", text, re.IGNORECASE)
+            if found is None:
+                raise NoVerdictError("neither 'yes' nor 'no' in the reply", reply)
+            return (1.0 if found[1].lower() == "yes" else 0.0), found[1]
+        if self.kind == "score":
+            found = re.search(r"-?\d+(?:\.\d+)?", text)
+            if found is None:
+                raise NoVerdictError("no number in the reply", reply)
+            value, (lo, hi) = float(found[0]), self.score_range
+            if not lo <= value <= hi:
+                raise NoVerdictError(f"the score {found[0]} is outside the range [{lo:g}, {hi:g}]", reply)
+            return (value - lo) / (hi - lo), found[0]
+        keys = "|".join(re.escape(k) for k in sorted(self.letters, key=len, reverse=True))
+        marked = (  # a letter marked as a choice; a bare one is a word ("A spider has ...")
+            rf"^\W*({keys})\W*$",  # the whole reply: "B", "(B).", "**B**"
+            rf"\(({keys})\)",  # "(B)"
+            rf"(?<![A-Za-z0-9])({keys})[).:](?!\w)",  # "B)", "B.", "B:"
+            rf"(?:answer|verdict|choice|option)(?:\s+is)?\s*:?\s*({keys})(?![A-Za-z0-9])",  # "answer: B", "Answer is B"
+        )
+        for rule in marked:
+            found = re.search(rule, text, re.IGNORECASE if rule.startswith("(?:") else 0)
+            if found is not None:
+                return float(self.letters[found[1]]), found[1]
+        raise NoVerdictError(f"none of the letters {sorted(self.letters)} marked as the answer in the reply", reply)
+
+
+_AGENTS: dict[str, Any] = {}
+_LOCK = threading.Lock()
+
+
+def load_judge_agent(model: str, temperature: float, max_new_tokens: int, seed: int, tokenizer: str | None) -> Any:
+    """The judge agent of a ``load_agent`` spec, built once per process and settings (KV reuse off: judge prompts
+    are unrelated)."""
+    from ..agents.loading import load_agent
+    from ..agents.sampling import SamplingConfig
+
+    key = json.dumps([model, temperature, max_new_tokens, seed, tokenizer])
+    with _LOCK:
+        if key not in _AGENTS:
+            sampling = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
+            _AGENTS[key] = load_agent(model, sampling, seed=seed, reuse_kv=False, tokenizer=tokenizer)
+        return _AGENTS[key]
+
+
+@register_verifier("judge")
+class Judge(Verifier):
+    """An agent grades the reply (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: Any,
+        template: str = DEFAULT_TEMPLATE,
+        reference_key: str | None = "answer",
+        system_prompt: str | None = None,
+        verdict: str = "yes_no",
+        score_range: list[float] | tuple[float, float] = (0.0, 10.0),
+        letters: dict[str, float] | None = None,
+        pattern: str | None = None,
+        temperature: float = 0.0,
+        max_new_tokens: int = 16,
+        seed: int = 0,
+        tokenizer: str | None = None,
+        batch_size: int = 32,
+    ) -> None:
+        if isinstance(model, str) and not model.strip():
+            raise VerifierConfigError("model", "judge: 'model' is a load_agent spec, got an empty string.")
+        try:
+            used = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+        except ValueError as exc:
+            raise VerifierConfigError(
+                "template", f"judge: template {template!r:.80} is not a format string: {exc}."
+            ) from None
+        if not used <= set(FIELDS) or "reply" not in used:
+            raise VerifierConfigError(
+                "template",
+                f"judge: the template uses {sorted(used)}; it must use {{reply}} and may use {list(FIELDS)}.",
+            )
+        if "reference" in used and reference_key is None:
+            raise VerifierConfigError("reference_key", "judge: the template uses {reference}; give reference_key.")
+        self.model, self.template, self.reference_key = model, template, reference_key
+        self.system_prompt = system_prompt
+        self.parser = VerdictParser(verdict, tuple(score_range), dict(letters or {"A": 1.0, "B": 0.0}), pattern)
+        self.temperature, self.max_new_tokens, self.seed, self.tokenizer = temperature, max_new_tokens, seed, tokenizer
+        self.uses_reference = "reference" in used
+        self._agent = None if isinstance(model, str) else model
+        self._batcher = MicroBatcher(self._act_batch, batch_size)
+
+    @classmethod
+    def models_named(cls, options: Mapping[str, Any]) -> list[str]:
+        """The judge model (and tokenizer) the spec loads or calls: trusted only when the caller allows them."""
+        return [v for v in (options.get("model"), options.get("tokenizer")) if isinstance(v, str)]
+
+    def agent(self) -> Any:
+        """The judge agent, loaded on first use (:func:`load_judge_agent`)."""
+        if self._agent is None:
+            self._agent = load_judge_agent(self.model, self.temperature, self.max_new_tokens, self.seed, self.tokenizer)
+        return self._agent
+
+    def options(self) -> dict[str, Any]:
+        p = self.parser
+        return {
+            "judge": self.agent().fingerprint(),
+            "template": self.template,
+            "reference_key": self.reference_key,
+            "system_prompt": self.system_prompt,
+            "verdict": [p.kind, list(p.score_range), p.letters, p.pattern],
+            "seed": self.seed,
+        }
+
+    def check_task(self, task: Mapping[str, Any]) -> None:
+        if self.uses_reference:
+            reference(task, self.reference_key, self.name)
+
+    def prompt(self, reply: str, answer: str | None, task: Mapping[str, Any]) -> str:
+        """The judge's user message for ``reply`` to ``task``."""
+        question = task.get("prompt", "")
+        if not isinstance(question, str):  # chat messages: the user's
+            question = next((m["content"] for m in reversed(question) if m.get("role") == "user"), "")
+        ref = task.get(self.reference_key) if self.reference_key is not None else None
+        if isinstance(ref, (list, tuple)):
+            ref = " or ".join(map(str, ref))
+        if self.uses_reference and ref is None:
+            raise TaskFieldError(self.reference_key, f"judge: task_data[{self.reference_key!r}] is missing.")
+        return self.template.format(question=question, reference=ref, reply=reply, answer=answer)
+
+    def request(self, prompt: str) -> AgentRequest:
+        """The judge's request: its own seed mixed with the prompt (the same prompt samples the same reply)."""
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages.append({"role": "user", "content": prompt})
+        tokenizer = getattr(self.agent(), "tokenizer", None)
+        ids: list[int] = []
+        if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        seed = derive_seed("judge", self.seed, prompt) & 0x7FFFFFFF
+        return AgentRequest(messages=messages, prompt_token_ids=list(ids), seed=seed)
+
+    def _act_batch(self, requests: list[AgentRequest]) -> list[Any]:
+        return self.agent().act_batch(requests)
+
+    def verdict(self, prompt: str, answer: Any) -> Verdict:
+        if isinstance(answer, BaseException):
+            raise NoVerdictError(f"the judge failed: {type(answer).__name__}: {answer}") from answer
+        action = answer[0]
+        reply = action.text if isinstance(action.text, str) else ""
+        reward, read = self.parser.parse(reply)
+        info = {"judge_prompt": prompt, "judge_reply": reply, "verdict": read, "score": reward}
+        return Verdict(reward, None if reward >= 1.0 else f"the judge said {read!r}", info)
+
+    def score(self, reply: str, answer: str | None, task: Mapping[str, Any]) -> Verdict:
+        prompt = self.prompt(reply, answer, task)
+        (result,) = self._act_batch([self.request(prompt)])
+        return self.verdict(prompt, result)
+
+    async def ascore(self, reply: str, answer: str | None, task: Mapping[str, Any]) -> Verdict:
+        prompt = self.prompt(reply, answer, task)
+        if self._agent is None:  # the first call loads the judge: on a worker thread, not on the loop
+            await asyncio.wrap_future(THREADS.submit(self.agent))
+        request = self.request(prompt)
+        agent = self.agent()
+        if getattr(agent, "answers_per_request", False):
+            try:
+                result: Any = await agent.answer(request)
+            except Exception as exc:
+                result = exc
+        else:
+            try:
+                result = await self._batcher(request)
+            except Exception as exc:
+                result = exc
+        return self.verdict(prompt, result)
+
+
+__all__ = ["DEFAULT_TEMPLATE", "Judge", "NoVerdictError", "VerdictParser", "load_judge_agent"]
