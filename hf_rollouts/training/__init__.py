@@ -61,7 +61,7 @@ from .loop import (
     sft_update,
     task_splits,
 )
-from .loss import batch_logprobs, grpo_loss, model_device, token_logprobs
+from .loss import batch_logprobs, grpo_loss, model_device, token_logprobs, truncated_importance_weights
 from .partial import train_top_layers
 from .report import save_learning_curve, write_summary
 
@@ -95,5 +95,6 @@ __all__ = [
     "task_splits",
     "token_logprobs",
     "train_top_layers",
+    "truncated_importance_weights",
     "write_summary",
 ]
