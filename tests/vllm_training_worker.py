@@ -1,14 +1,19 @@
 """Trains with VLLMAgent sampling, in the isolated vLLM venv, and writes what it measured to a JSON file;
 tests/test_vllm_training.py checks it.
 
-Run as ``<vllm venv python> tests/vllm_training_worker.py MODEL_DIR OUT.json`` with ``PYTHONPATH=<checkout>``
-(vLLM spawns its engine processes, hence the ``__main__`` guard).
+Run as ``<vllm venv python> tests/vllm_training_worker.py MODEL_DIR OUT.json PART`` with ``PYTHONPATH=<checkout>``
+(vLLM spawns its engine processes, hence the ``__main__`` guard). ``PART`` ``loop`` runs the first three below,
+``colocate`` the last (a process of its own: TRL's colocated engine sets up torch.distributed in the process).
 
 * ``sync``: one engine, a transformers copy of the same weights. Round 0's stored log-probs against the trainer's
   recomputation (identical weights: the agreement to expect); an update that moves the trainer's weights; a round
   sampled *without* a sync (the engine's old weights against the trainer's new ones); the sync; the same round
   again. The fingerprint and the prefix cache are read at each point.
 * ``guide``: docs/guides/training.md's vLLM loop, run as the page has it.
+* ``script``: ``scripts/train_grpo.py --backend vllm --logprob-gap`` for three rounds (its metrics rows).
+* ``colocate``: TRL's ``GRPOTrainer`` in colocate mode through ``build_grpo_trainer`` for three steps: first TRL's
+  own weight sync (which fails on vLLM's CPU backend: the error is recorded), then training with
+  ``reload_weights_sync``; TRL's logged sampler/trainer gaps and importance ratios, and each sync's seconds.
 """
 
 from __future__ import annotations
@@ -110,10 +115,69 @@ def run_guide() -> dict:
     return {"stdout": stdout.getvalue(), "seconds": time.perf_counter() - started}
 
 
-def main(model_dir: str, out_path: str) -> None:
-    result = {"sync": sync_checks(model_dir), "guide": run_guide()}
+def run_script(out_dir: str) -> list[dict]:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "train_grpo.py"
+    spec = importlib.util.spec_from_file_location("train_grpo", path)
+    script = importlib.util.module_from_spec(spec)
+    sys.modules["train_grpo"] = script  # its dataclasses look their module up
+    spec.loader.exec_module(script)
+    argv = ["--backend", "vllm", "--model-size", "small", "--iterations", "3", "--tasks-per-iter", "8"]
+    argv += ["--num-rollouts", "4", "--max-turns", "2", "--low", "1", "--high", "3", "--max-new-tokens", "4"]
+    argv += ["--logprob-gap", "--kv-cache-gib", "0.25", "--plot", "none", "--quiet", "--output-dir", out_dir]
+    script.train(script.parse_args(argv))
+    return json.loads((Path(out_dir) / "metrics.json").read_text())
+
+
+def trl_colocate(model_dir: str) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_rollouts.envs.guess_number import GuessNumberEnv
+    from hf_rollouts.integrations.trl import build_grpo_trainer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tasks = GuessNumberEnv(tok, {"low": 1, "high": 3, "max_turns": 2}).get_train_dataset(16)
+    settings = {"learning_rate": 1e-2, "use_vllm": True, "vllm_mode": "colocate", "temperature": TEMPERATURE,
+                "vllm_gpu_memory_utilization": 0.1, "vllm_max_model_length": 512,
+                "vllm_importance_sampling_mode": "token_truncate"}  # fmt: skip
+    started = time.perf_counter()
+    trainer, rollout = build_grpo_trainer(
+        model, tok, tasks, max_steps=3, num_generations=4, tasks_per_step=2, max_new_tokens=4, **settings
+    )
+    out: dict = {"build_s": time.perf_counter() - started}
+    generation = trainer.vllm_generation
+    out["engine_dtype"] = str(generation.llm.llm_engine.vllm_config.model_config.dtype)
+    try:  # TRL's own colocate sync, as TRL calls it before each rollout
+        type(generation).sync_weights(generation)
+        out["trl_sync_error"] = None
+    except Exception as exc:
+        out["trl_sync_error"] = f"{type(exc).__name__}: {exc}"
+    started = time.perf_counter()
+    trainer.train()
+    out["train_s"] = time.perf_counter() - started
+    out["log_history"] = trainer.state.log_history
+    out["sync_seconds"] = generation.sync_seconds
+    out["agent"] = type(rollout.last_agent).__name__
+    out["calls"] = rollout.calls
+    return out
+
+
+def main(model_dir: str, out_path: str, part: str) -> None:
+    if part == "colocate":
+        try:
+            import trl  # noqa: F401
+        except ImportError as exc:
+            result = {"colocate": {"skipped": f"TRL is not in the vLLM venv ({exc}): bash scripts/setup_vllm.sh"}}
+        else:
+            result = {"colocate": trl_colocate(model_dir)}
+    else:
+        result = {"sync": sync_checks(model_dir), "guide": run_guide()}
+        result["script"] = run_script(str(Path(out_path).parent / "train_grpo"))
     Path(out_path).write_text(json.dumps(result))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
