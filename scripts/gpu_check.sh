@@ -12,7 +12,8 @@
 #
 # Steps: suite (pytest on CUDA, -n 8 when pytest-xdist imports), bench (scripts/benchmark.py, both shapes, bf16, the
 # static, dynamic and growing caches; BENCH_SHAPES, BENCH_CACHES choose), continuous (the continuous backend, 135M shape),
-# agree (scripts/logprob_agreement.py on CUDA, bf16 and fp32, SmolLM2-135M shape). Everything each step prints goes
+# agree (scripts/logprob_agreement.py on CUDA, bf16 and fp32, SmolLM2-135M shape), colocate (TRL's colocate mode with
+# an hf_rollouts env: scripts/trl_colocate_check.py, when vllm and trl import). Everything each step prints goes
 # to $OUT (the device tool's folder that comes back) or .gpu_check/out, one file per step; the summary quotes their
 # closing lines.
 # Without CUDA it says so and exits 2 (nothing to check on a CPU machine: use bash scripts/test.sh).
@@ -150,8 +151,19 @@ for step in "${STEPS[@]}"; do
         note "sampler-trainer log-prob agreement on CUDA:"
         while read -r line; do note "    $line"; done < <(grep -E '^\||Error|error' "$log" | head -n 20)
         ;;
+    colocate)
+        log="$OUT_DIR/colocate.txt"
+        if "$PY" -c "import vllm, trl" 2>/dev/null; then
+            timeout "${COLOCATE_TIMEOUT:-420}" "$PY" scripts/trl_colocate_check.py \
+                --model "$DIR/models/smollm2-135m" --random-weights --steps 3 >"$log" 2>&1 || true
+            note "TRL colocate mode with an hf_rollouts env (vLLM on CUDA):"
+            while read -r line; do note "    $line"; done < <(grep -E '^(colocate|step)|Error|error' "$log" | head -n 12)
+        else
+            note "TRL colocate mode: skipped, vLLM and TRL do not both import here (install vllm for CUDA first)"
+        fi
+        ;;
     *)
-        echo "gpu_check: unknown step $step (steps: suite bench continuous agree)" >&2
+        echo "gpu_check: unknown step $step (steps: suite bench continuous agree colocate)" >&2
         exit 1
         ;;
     esac

@@ -179,6 +179,10 @@ class IterationStats:
     seconds: float
     tool_rate: float = 0.0
     heldout: dict | None = None
+    phases: dict[str, float] | None = None
+    """Seconds of each phase of the round (``collect``, ``update``, and ``sync``, ``gap`` where they ran)."""
+    logprob_gap: dict | None = None
+    """The round's sampler/trainer gap (:class:`~hf_rollouts.training.LogprobGap` as a dict), when measured."""
 
 
 TABLE_HEADER = (

@@ -54,7 +54,7 @@ from .collate import RolloutCollator
 from .control import shuffle_advantages
 from .convention import check_logprob_convention, read_logprob_convention, split_by_logprob_settings
 from .data import FLAT_FEATURES, PreparedRollouts, load_rollouts, prepare_rollouts
-from .loss import batch_logprobs, grpo_loss, model_device, token_logprobs
+from .loss import batch_logprobs, grpo_loss, model_device, token_logprobs, truncated_importance_weights
 from .partial import train_top_layers
 from .update import UpdateConfig, UpdateMetrics, flush_denormals, grpo_update, sft_update
 
@@ -85,6 +85,7 @@ __all__ = [
     "split_by_logprob_settings",
     "token_logprobs",
     "train_top_layers",
+    "truncated_importance_weights",
 ]
 
 MOVED = {

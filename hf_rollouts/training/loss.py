@@ -145,6 +145,7 @@ def grpo_loss(
     clip_eps: float = 0.2,
     kl_coef: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
+    sampling_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-style clipped policy loss, averaged over the loss tokens of the batch.
 
@@ -155,13 +156,19 @@ def grpo_loss(
     over tokens with ``loss_mask`` divided by their number (token-level mean,
     0 for a batch with no loss token).
 
+    ``sampling_weights`` (same shape, detached): a per-token weight on the policy term, the truncated importance
+    weight ``min(pi_trainer / pi_sampler, cap)`` of :func:`truncated_importance_weights` when the rollouts were
+    sampled by other numerics than the trainer's (a vLLM engine, bf16); ``old_logprobs`` are then the trainer's own
+    log-probs of the sampled tokens before the update, as in TRL's ``vllm_importance_sampling_correction``. All-ones
+    weights give exactly the loss without them.
+
     Tokens outside ``loss_mask`` get exactly zero gradient, and NaN/inf in any input
     there cannot leak into the loss or the gradient.
 
     Returns ``(loss, metrics)``; metrics are floats: ``loss``, ``policy_loss``,
     ``kl`` (mean k3 vs ``ref_logprobs``, 0 without), ``approx_kl_old`` (mean k3 vs
     the sampling policy), ``clip_fraction``, ``ratio_mean``, ``advantage_mean``,
-    ``num_tokens``.
+    ``num_tokens``; with ``sampling_weights``, also ``sampling_weight_mean``.
     """
     if kl_coef > 0 and ref_logprobs is None:
         raise ValueError(
@@ -180,6 +187,13 @@ def grpo_loss(
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     per_token = -torch.minimum(ratio * adv, clipped * adv)
+    if sampling_weights is not None:
+        if sampling_weights.shape != logprobs.shape:
+            raise ValueError(
+                f"sampling_weights has shape {tuple(sampling_weights.shape)}, logprobs {tuple(logprobs.shape)}."
+            )
+        weights = torch.where(mask, sampling_weights.to(logprobs.dtype).detach(), zero)
+        per_token = per_token * weights
     kl = zero
     if ref_logprobs is not None:
         delta = torch.where(mask, ref_logprobs.to(logprobs.dtype).detach() - logprobs, zero)
@@ -200,4 +214,21 @@ def grpo_loss(
             "advantage_mean": float(adv.sum() / denom),
             "num_tokens": int(n),
         }
+        if sampling_weights is not None:
+            metrics["sampling_weight_mean"] = float(weights.sum() / denom)
     return loss, metrics
+
+
+def truncated_importance_weights(
+    trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, loss_mask: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Per-token truncated importance weights ``min(exp(trainer - sampler), cap)`` on ``loss_mask``, 1 elsewhere
+    (TRL's ``vllm_importance_sampling_mode="token_truncate"`` with ``vllm_importance_sampling_clip_max=cap``; the TIS
+    correction of sampler/trainer mismatch). The sampler drew the tokens; the weight turns the gradient into one under
+    the trainer's distribution, and the cap bounds its variance where the sampler gave a token much less mass than
+    the trainer does. Detached. A NaN or missing sampler log-prob (off the mask) weighs 1."""
+    if cap <= 0:
+        raise ValueError(f"the importance-weight cap must be > 0, got {cap}.")
+    mask = loss_mask.bool()
+    log_ratio = torch.where(mask, trainer_logprobs.detach().float() - sampler_logprobs.float(), 0.0)
+    return torch.exp(log_ratio).clamp(max=cap).where(mask, torch.ones_like(log_ratio))

@@ -35,7 +35,7 @@ from datasets import Dataset
 from .collate import RolloutCollator
 from .convention import check_logprob_convention, dataset_logprob_convention
 from .data import PreparedRollouts
-from .loss import batch_logprobs, grpo_loss, model_device, token_logprobs
+from .loss import batch_logprobs, grpo_loss, model_device, token_logprobs, truncated_importance_weights
 
 logger = logging.getLogger("hf_rollouts.training")
 
@@ -54,12 +54,26 @@ class UpdateConfig:
         default=0.25,
         metadata={"help": "Warn when a round kept fewer than this fraction of its groups (0: never)."},
     )
+    importance_sampling_cap: float | None = field(
+        default=None,
+        metadata={
+            "help": "Truncated importance sampling against the sampler/trainer mismatch (None: off). The PPO ratio "
+            "is taken against the trainer's own log-probs of the round (one extra forward pass over it, before the "
+            "first step) and each token's loss is weighted by min(exp(trainer - sampler), cap), as TRL's "
+            "vllm_importance_sampling_correction (token_truncate) does. Off by default: with float32 on both sides "
+            "the sampler and the trainer agree to ~1e-6 per token (weights within 1e-5 of 1), so the pass would cost "
+            "a forward over the round for nothing; turn it on (TRL's default cap: 3.0) when the sampler runs other "
+            "numerics than the trainer (bf16, a GPU engine's kernels, quantized weights), whose gaps reach ~1e-2."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.minibatch_size < 1 or self.epochs < 1:
             raise ValueError(f"minibatch_size and epochs must be >= 1, got {self.minibatch_size}, {self.epochs}.")
         if not 0 <= self.warn_kept_groups <= 1:
             raise ValueError(f"warn_kept_groups must be in [0, 1], got {self.warn_kept_groups}.")
+        if self.importance_sampling_cap is not None and not self.importance_sampling_cap > 0:
+            raise ValueError(f"importance_sampling_cap must be > 0 or None, got {self.importance_sampling_cap}.")
 
 
 @dataclass(frozen=True)
@@ -67,7 +81,10 @@ class UpdateMetrics:
     """What :func:`grpo_update` did: ``steps`` optimizer steps over ``rollouts`` rows; ``loss``, ``clip_fraction``,
     ``approx_kl`` (k3 vs the sampling policy), ``kl`` (vs the reference, 0 without) and ``grad_norm`` (before
     clipping) are means over the steps (each step's over its whole minibatch, every process's share), NaN when there
-    was no step."""
+    was no step. With ``importance_sampling_cap``: ``logprob_gap_max`` / ``logprob_gap_mean`` (``|trainer -
+    sampler|`` over the round's loss tokens before the first step: :func:`~.agreement.logprob_gap`'s numbers, for
+    free), ``sampling_weight_mean`` and ``sampling_weight_capped`` (the share of loss tokens whose weight hit the
+    cap); NaN without."""
 
     steps: int = 0
     rollouts: int = 0
@@ -76,6 +93,10 @@ class UpdateMetrics:
     approx_kl: float = math.nan
     kl: float = math.nan
     grad_norm: float = math.nan
+    logprob_gap_max: float = math.nan
+    logprob_gap_mean: float = math.nan
+    sampling_weight_mean: float = math.nan
+    sampling_weight_capped: float = math.nan
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -112,6 +133,60 @@ def _trainable(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
+@torch.no_grad()
+def _round_logprobs(
+    model: torch.nn.Module,
+    dataset: Any,
+    collate: RolloutCollator,
+    size: int,
+    temperature: float | None,
+    share_prefix: bool,
+) -> list[torch.Tensor]:
+    """The trainer's log-probs of every row of the round (``[length]`` each, on the CPU), by minibatches of
+    ``size`` in row order, with the model in the mode of the update's steps."""
+    device = model_device(model)
+    out: list[torch.Tensor] = []
+    for start in range(0, len(dataset), size):
+        indices = list(range(start, min(start + size, len(dataset))))
+        batch = {k: v.to(device) for k, v in collate(_rows(dataset, indices)).items()}
+        logprobs = batch_logprobs(model, batch, temperature, share_prefix=share_prefix).float().cpu()
+        lengths = batch["attention_mask"].sum(dim=1).tolist()
+        out.extend(logprobs[i, : int(n)] for i, n in enumerate(lengths))
+    return out
+
+
+def _padded(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row[:width]
+    return out
+
+
+def _round_gaps(
+    dataset: Any, collate: RolloutCollator, anchors: list[torch.Tensor], cap: float, size: int
+) -> dict[str, float]:
+    """:class:`UpdateMetrics`' gap and weight fields: the trainer's round log-probs (``anchors``) against the stored
+    sampler ones, over every loss token of the round."""
+    gaps: list[torch.Tensor] = []
+    weights: list[torch.Tensor] = []
+    for start in range(0, len(dataset), size):
+        indices = list(range(start, min(start + size, len(dataset))))
+        batch = collate(_rows(dataset, indices))
+        trainer = _padded([anchors[i] for i in indices], batch["input_ids"].shape[1])
+        mask = batch["loss_mask"].bool()
+        gaps.append((trainer - batch["old_logprobs"])[mask].abs())
+        weights.append(truncated_importance_weights(trainer, batch["old_logprobs"], batch["loss_mask"], cap)[mask])
+    gap, weight = torch.cat(gaps), torch.cat(weights)
+    if not gap.numel():
+        return {}
+    return {
+        "logprob_gap_max": float(gap.max()),
+        "logprob_gap_mean": float(gap.mean()),
+        "sampling_weight_mean": float(weight.mean()),
+        "sampling_weight_capped": float((weight >= cap).float().mean()),
+    }
+
+
 def grpo_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -138,6 +213,8 @@ def grpo_update(
     ``seed``. The optimizer steps the parameters in its param groups. With ``accelerator`` (several processes):
     ``model`` and ``optimizer`` are the ones it prepared, and each minibatch is split across processes (module
     docstring). The model is in ``train()`` during the steps and ``eval()`` after. Returns :class:`UpdateMetrics`.
+    ``config.importance_sampling_cap``: truncated importance sampling against the sampler/trainer mismatch
+    (:class:`UpdateConfig`; every process computes the whole round's trainer log-probs).
     """
     config = config or UpdateConfig()
     dataset = rollouts.dataset if isinstance(rollouts, PreparedRollouts) else rollouts
@@ -155,11 +232,20 @@ def grpo_update(
     generator = torch.Generator().manual_seed(seed)
     device = model_device(model)
     logs: dict[str, list[float]] = {"loss": [], "clip_fraction": [], "approx_kl_old": [], "kl": [], "grad_norm": []}
+    cap = config.importance_sampling_cap
+    anchors: list[torch.Tensor] | None = None
+    gaps: dict[str, float] = {}
     model.train()
     try:
+        if cap is not None and len(dataset):
+            size, share = config.minibatch_size, config.share_prefix
+            anchors = _round_logprobs(model, dataset, collate, size, temperature, share)
+            gaps = _round_gaps(dataset, collate, anchors, cap, size)
         for _ in range(config.epochs if len(dataset) else 0):
             for indices in _minibatches(len(dataset), config.minibatch_size, generator):
                 batch = collate(_rows(dataset, indices))
+                if anchors is not None:
+                    batch["trainer_logprobs"] = _padded([anchors[i] for i in indices], batch["input_ids"].shape[1])
                 total_tokens = float(batch["loss_mask"].sum())
                 real = True
                 if world > 1:
@@ -170,14 +256,19 @@ def grpo_update(
                 if config.kl_coef > 0:
                     with torch.no_grad():
                         ref = batch_logprobs(ref_model, batch, temperature, share_prefix=config.share_prefix)
+                old, weights = batch["old_logprobs"], None
+                if anchors is not None:  # the ratio against the trainer's own start; the mismatch in the weight
+                    old = batch["trainer_logprobs"]
+                    weights = truncated_importance_weights(old, batch["old_logprobs"], batch["loss_mask"], cap)
                 loss, metrics = grpo_loss(
                     logprobs,
-                    batch["old_logprobs"],
+                    old,
                     batch["advantages"],
                     batch["loss_mask"],
                     clip_eps=config.clip_eps,
                     kl_coef=config.kl_coef,
                     ref_logprobs=ref,
+                    sampling_weights=weights,
                 )
                 if world > 1:  # token mean over the whole minibatch once the processes' gradients are averaged
                     loss = loss * (metrics["num_tokens"] * world / max(total_tokens, 1.0) if real else 0.0)
@@ -205,6 +296,7 @@ def grpo_update(
         approx_kl=_mean(logs["approx_kl_old"]),
         kl=_mean(logs["kl"]),
         grad_norm=_mean(logs["grad_norm"]),
+        **gaps,
     )
 
 

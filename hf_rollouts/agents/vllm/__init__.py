@@ -7,6 +7,7 @@ Linux CPUs; see docs/guides/agents.md (vLLM) for GPUs.
 from .agent import STAT_KEYS, VLLMAgent, VLLMRequestError
 from .engine import import_vllm, model_files_identity, vllm_installed
 from .settings import SPEC_PREFIX, VLLMSettings, VLLMUnavailableError, logprob_convention, parse_vllm_spec
+from .weights import WeightSync, sync_weights
 
 __all__ = [
     "SPEC_PREFIX",
@@ -15,9 +16,11 @@ __all__ = [
     "VLLMRequestError",
     "VLLMSettings",
     "VLLMUnavailableError",
+    "WeightSync",
     "import_vllm",
     "logprob_convention",
     "model_files_identity",
     "parse_vllm_spec",
+    "sync_weights",
     "vllm_installed",
 ]

@@ -153,6 +153,7 @@ class VLLMAgent(Agent):
         self._run_seed = s.seed
         self.stats = _Stats()
         self._engine: Any = None
+        self._weights_probe: str | None = None  # set by sync_weights: the probe of the weights the engine holds
         self._start()
 
     @classmethod
@@ -258,6 +259,14 @@ class VLLMAgent(Agent):
         if self._engine is None:
             raise VLLMRequestError("the VLLMAgent was closed; build a new one.")
         return bool(ENGINE_LOOP.call(self._engine.reset_prefix_cache()))
+
+    def sync_weights(self, model: Any) -> Any:
+        """Load a transformers ``model``'s current weights into the engine without a restart, drop the prefix
+        cache, and move the fingerprint with the weights (:func:`~.weights.sync_weights`; call it between rounds).
+        Returns a :class:`~.weights.WeightSync`."""
+        from .weights import sync_weights
+
+        return sync_weights(self, model)
 
     def request_seed(self, request: AgentRequest) -> int:
         """The seed of ``request``'s sampling: its own, else one from the agent's seed, its session and its turn."""
@@ -378,9 +387,12 @@ class VLLMAgent(Agent):
 
     def fingerprint(self) -> dict[str, Any]:
         """Everything that changes samples: the model (and its files' identity), vLLM's version, every engine
-        setting but ``concurrency``, sampling, stop ids and the log-prob convention."""
+        setting but ``concurrency``, sampling, stop ids and the log-prob convention; after :meth:`sync_weights`,
+        the probe of the weights loaded (``weights_probe``), which moves with every sync of other weights."""
         settings = {k: v for k, v in asdict(self.settings).items() if k != "concurrency"}
+        synced = {} if self._weights_probe is None else {"weights_probe": self._weights_probe}
         return {
+            **synced,
             **self._identity(),
             "model": self.settings.model,
             "model_files": model_files_identity(self.settings),

@@ -70,12 +70,15 @@ Pitfalls and how they are handled:
 
 With ``use_vllm`` (server mode) the agent turns are sampled by TRL's vLLM client,
 ``trainer.vllm_generation.vllm_client`` (TRL syncs the weights before each call). Start the server
-with ``--logprobs-mode processed_logprobs`` so the returned log-probabilities use the temperature.
+with ``--logprobs-mode processed_logprobs`` so the returned log-probabilities use the temperature. In colocate mode
+(``vllm_mode="colocate"``) they are sampled by the trainer's own in-process engine (:mod:`.colocate`); on a CPU,
+:func:`reload_weights_sync` (which :func:`build_grpo_trainer` applies) replaces TRL's weight sync, which fails there.
 """
 
 from __future__ import annotations
 
-from .agents import TrainerPolicyAgent, TRLSampling, VLLMServerAgent, generation_mode, stop_token_ids
+from .agents import TrainerPolicyAgent, TRLSampling, VLLMColocateAgent, VLLMServerAgent, generation_mode, stop_token_ids
+from .colocate import reload_weights_sync
 from .dataset import PROMPT_KEY, task_from_prompt, to_trl_dataset
 from .rollout import (
     EXTRA_FIELDS,
@@ -95,12 +98,14 @@ __all__ = [
     "TRLRolloutOptions",
     "TRLSampling",
     "TrainerPolicyAgent",
+    "VLLMColocateAgent",
     "VLLMServerAgent",
     "build_grpo_trainer",
     "env_reward",
     "episode_to_trl_row",
     "generation_mode",
     "make_rollout_func",
+    "reload_weights_sync",
     "shuffled_env_reward",
     "stop_token_ids",
     "task_from_prompt",

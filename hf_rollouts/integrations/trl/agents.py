@@ -1,5 +1,6 @@
 """The samplers of agent turns: the trainer's live model (:class:`TrainerPolicyAgent`, inside
-:func:`generation_mode`) or TRL's vLLM server client (:class:`VLLMServerAgent`)."""
+:func:`generation_mode`), TRL's vLLM server client (:class:`VLLMServerAgent`) or the trainer's in-process vLLM engine
+in colocate mode (:class:`VLLMColocateAgent`)."""
 
 from __future__ import annotations
 
@@ -181,14 +182,53 @@ class VLLMServerAgent(_TokenAgent):
         return actions
 
 
+class VLLMColocateAgent(_TokenAgent):
+    """Samples agent turns with the trainer's in-process ``vllm.LLM`` in TRL's colocate mode (:mod:`.colocate`): a
+    batch of turns is one ``llm.generate`` on token ids, the log-probs the engine's ``processed_logprobs``."""
+
+    def __init__(self, llm: Any, tokenizer: Any, sampling: TRLSampling, stop_ids: list[int]) -> None:
+        super().__init__(tokenizer, sampling, stop_ids)
+        self.llm = llm
+
+    def act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any] | Exception]:
+        from vllm import SamplingParams
+
+        s = self.sampling
+        params = SamplingParams(
+            n=1,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            repetition_penalty=s.repetition_penalty,
+            max_tokens=s.max_new_tokens,
+            logprobs=0,
+            stop_token_ids=list(self.stop_ids),
+        )
+        prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
+        outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
+        if len(outputs) != len(requests):
+            raise RuntimeError(f"the colocated engine returned {len(outputs)} outputs for {len(requests)} prompts.")
+        actions: list[tuple[Action, Any] | Exception] = []
+        for request, output in zip(requests, outputs):
+            completion = output.outputs[0]
+            ids = [int(t) for t in completion.token_ids]
+            logprobs = [float(at[t].logprob) for t, at in zip(ids, completion.logprobs or [])]
+            if len(logprobs) != len(ids):
+                actions.append(RuntimeError(f"{len(logprobs)} log-probs for {len(ids)} sampled ids."))
+                continue
+            actions.append((self._action(ids, logprobs), request.agent_state))
+        return actions
+
+
 def vllm_client(trainer: Any) -> Any:
     """TRL's vLLM server client of ``trainer`` (built on processes other than the main one)."""
     generation = getattr(trainer, "vllm_generation", None)
     mode = getattr(generation, "mode", None)
     if mode != "server":
         raise NotImplementedError(
-            f"make_rollout_func supports use_vllm with vllm_mode='server' only (got {mode!r}). "
-            "Start `trl vllm-serve` and set GRPOConfig(use_vllm=True, vllm_mode='server')."
+            f"make_rollout_func samples with vLLM in vllm_mode 'server' or 'colocate' (got {mode!r}). "
+            "Set GRPOConfig(use_vllm=True, vllm_mode='colocate'), or start `trl vllm-serve` for 'server'."
         )
     client = getattr(generation, "vllm_client", None)
     if client is None:  # TRL keeps the client on the main process only; other processes post to the same server

@@ -15,7 +15,16 @@ from ...envs.registry import validate_tasks
 from ...rollout import DEFAULT_ENV_WORKERS, EpisodeJob, GroupJob, play_groups
 from ...schema import TaskValidationError, to_task_dataset
 from ...types import Episode
-from .agents import TrainerPolicyAgent, TRLSampling, VLLMServerAgent, generation_mode, stop_token_ids, vllm_client
+from .agents import (
+    TrainerPolicyAgent,
+    TRLSampling,
+    VLLMColocateAgent,
+    VLLMServerAgent,
+    generation_mode,
+    stop_token_ids,
+    vllm_client,
+)
+from .colocate import colocated_llm
 from .dataset import task_from_prompt
 
 EXTRA_FIELDS = (
@@ -108,7 +117,11 @@ class RolloutFunc:
             )
         if getattr(trainer.args, "use_vllm", False):
             stops = stop_token_ids(tokenizer, trainer.model)
-            self.last_agent = VLLMServerAgent(vllm_client(trainer), tokenizer, sampling, stops)
+            llm = colocated_llm(trainer)
+            if llm is not None:  # colocate: the trainer's own in-process engine (TRL synced the weights)
+                self.last_agent = VLLMColocateAgent(llm, tokenizer, sampling, stops)
+            else:
+                self.last_agent = VLLMServerAgent(vllm_client(trainer), tokenizer, sampling, stops)
             groups = play_groups(prompt_groups(played), self.last_agent, **self._run_kw)
         else:
             with generation_mode(trainer) as model:

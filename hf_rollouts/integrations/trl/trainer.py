@@ -5,6 +5,7 @@ from __future__ import annotations
 import tempfile
 from typing import Any
 
+from .colocate import reload_weights_sync
 from .dataset import to_trl_dataset
 from .rollout import RolloutFunc, env_reward, make_rollout_func, shuffled_env_reward
 
@@ -36,7 +37,9 @@ def build_grpo_trainer(
     suited to a loop of ours: a constant learning rate, a log row every step, no checkpoints or reports, no
     gradient checkpointing, the CPU when there is no GPU and bf16 only on a GPU, TRL's printer callback removed.
     ``config`` overrides or adds any ``GRPOConfig`` field (``learning_rate``, ``temperature``, ``bf16``,
-    ``max_grad_norm``, ``epsilon``, ``use_vllm``, ...); ``rollout_options`` go to ``make_rollout_func``.
+    ``max_grad_norm``, ``epsilon``, ``use_vllm``, ...); ``rollout_options`` go to ``make_rollout_func``. With
+    ``use_vllm=True, vllm_mode="colocate"`` on a CPU the weights reach the engine through
+    :func:`~.colocate.reload_weights_sync`.
     ``rollout_func.tool_rates`` holds each call's tool-call rate.
     """
     import torch
@@ -82,4 +85,6 @@ def build_grpo_trainer(
         rollout_func=rollout_func,
     )
     trainer.remove_callback(PrinterCallback)
+    if settings.get("use_vllm") and settings.get("vllm_mode") == "colocate" and on_cpu:
+        reload_weights_sync(trainer)  # TRL's per-parameter load_weights fails on vLLM's CPU backend (.colocate)
     return trainer, rollout_func
