@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -114,33 +115,11 @@ def build_tiny_model(
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}.")
     path = tiny_model_path(seed, size, cache_dir)
     if not (path / "config.json").is_file():
-        spec = SIZES[size]
-        tokenizer = build_tokenizer(spec.vocab_size)
-        config = LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=spec.hidden_size,
-            intermediate_size=spec.intermediate_size,
-            num_hidden_layers=spec.num_hidden_layers,
-            num_attention_heads=spec.num_attention_heads,
-            num_key_value_heads=spec.num_key_value_heads,
-            max_position_embeddings=4096,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=None,
-            tie_word_embeddings=True,
-        )
+        tokenizer, config = _tiny_config(size, tie_word_embeddings=True)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = LlamaForCausalLM(config)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        try:
-            tmp.rename(path)  # atomic: concurrent builders (several processes) never see half a model
-        except OSError:
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
+        _save_atomically(model, tokenizer, path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.config._name_or_path = tiny_model_name(seed, size)
@@ -166,32 +145,41 @@ def tiny_reward_model_path(seed: int = 0, cache_dir: str | Path | None = None) -
 
     path = tiny_model_path(seed, "tiny", cache_dir).with_name(f"tiny-v{BUILD_VERSION}-reward-seed{seed}")
     if not (path / "config.json").is_file():
-        spec = SIZES["tiny"]
-        tokenizer = build_tokenizer(spec.vocab_size)
-        config = LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=spec.hidden_size,
-            intermediate_size=spec.intermediate_size,
-            num_hidden_layers=spec.num_hidden_layers,
-            num_attention_heads=spec.num_attention_heads,
-            num_key_value_heads=spec.num_key_value_heads,
-            max_position_embeddings=4096,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=None,
-            num_labels=1,
-        )
+        tokenizer, config = _tiny_config("tiny", num_labels=1)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = LlamaForSequenceClassification(config)
             torch.nn.init.normal_(model.score.weight, std=0.5)  # scores that differ visibly between replies
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        try:
-            tmp.rename(path)
-        except OSError:
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
+        _save_atomically(model, tokenizer, path)
     return path
+
+
+def _tiny_config(size: str, **extra: object) -> tuple[PreTrainedTokenizerFast, LlamaConfig]:
+    """The tiny tokenizer and a Llama config of ``size``'s shape over its vocabulary (``extra``: more config fields)."""
+    spec = SIZES[size]
+    tokenizer = build_tokenizer(spec.vocab_size)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        **extra,
+    )
+    return tokenizer, config
+
+
+def _save_atomically(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, path: Path) -> None:
+    """Save into a temporary sibling, then rename: concurrent builders (several processes) never see half a model."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.rename(path)
+    except OSError:  # another process renamed its copy first
+        shutil.rmtree(tmp, ignore_errors=True)
