@@ -348,15 +348,16 @@ def test_cli_tasks_with_a_reward_model_then_generate_only_when_the_model_is_allo
             assert model_part["name"] == "reward_model" and model_part["info"]["input_tokens"] > 5
 
 
-def test_a_judge_behind_the_loopback_server_reads_what_the_local_judge_reads(tiny, _cache_dir):
+def test_a_judge_behind_the_loopback_server_reads_what_the_local_judge_reads(_cache_dir):
     """The tiny model as a judge served by the loopback vLLM-protocol server (a per-request agent, each call awaited
     on the loop as it comes) and loaded locally (batched): greedy, the same prompts give the same judge replies; every
-    request carries the judge's own seed for its prompt."""
+    request carries the judge's own seed for its prompt. The server gets its own fresh copy of the weights the local
+    judge loads (the session's shared ``tiny`` model may have been trained in place by an earlier test)."""
     from vllm_protocol_server import VLLMProtocolServer
 
-    from hf_rollouts.tiny_model import tiny_model_path
+    from hf_rollouts.tiny_model import build_tiny_model, tiny_model_path
 
-    model, tokenizer = tiny
+    model, tokenizer = build_tiny_model(seed=0)
     task = {"prompt": QUESTION, "answer": "4"}
 
     def replies(judge):
