@@ -70,6 +70,13 @@ class _TokenAgent(Agent):
     def _stop_len(self, ids: list[int]) -> int:
         return next((i + 1 for i, t in enumerate(ids) if t in self.stop_ids), len(ids))
 
+    def _vllm_sampling(self) -> dict[str, Any]:
+        """The sampling settings under vLLM's names: its server client's ``generate`` and its ``SamplingParams`` take
+        the same ones."""
+        s = self.sampling
+        return {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p,
+                "repetition_penalty": s.repetition_penalty, "max_tokens": s.max_new_tokens}  # fmt: skip
+
     def _action(self, ids: list[int], logprobs: list[float]) -> Action:
         n = self._stop_len(ids)
         ids, logprobs = ids[:n], logprobs[:n]
@@ -158,16 +165,10 @@ class VLLMServerAgent(_TokenAgent):
         self.client = client
 
     def act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any] | Exception]:
-        s = self.sampling
         out = self.client.generate(
             prompts=[list(r.prompt_token_ids) for r in requests],
             n=1,
-            repetition_penalty=s.repetition_penalty,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            min_p=s.min_p,
-            max_tokens=s.max_new_tokens,
+            **self._vllm_sampling(),
             logprobs=0,
             generation_kwargs={"stop_token_ids": self.stop_ids},
         )
@@ -193,15 +194,9 @@ class VLLMColocateAgent(_TokenAgent):
     def act_batch(self, requests: list[AgentRequest]) -> list[tuple[Action, Any] | Exception]:
         from vllm import SamplingParams
 
-        s = self.sampling
         params = SamplingParams(
             n=1,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            min_p=s.min_p,
-            repetition_penalty=s.repetition_penalty,
-            max_tokens=s.max_new_tokens,
+            **self._vllm_sampling(),
             logprobs=0,
             stop_token_ids=list(self.stop_ids),
         )
