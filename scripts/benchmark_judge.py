@@ -86,7 +86,13 @@ def judge_all(judge, items):
 
     start = time.perf_counter()
     out = ENGINE_LOOP.call(run())
-    return out, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    from hf_rollouts.verify import NoVerdictError
+
+    failed = [e for e in out if isinstance(e, BaseException) and not isinstance(e, NoVerdictError)]
+    if failed:  # a judge that could not run is no timing: say why instead of timing the failures
+        raise failed[0]
+    return out, seconds
 
 
 def agreement(judge, label: str) -> list:
@@ -142,7 +148,9 @@ def overlap(judge, served_url: str, tokenizer_path: str) -> None:
     with_judge, t_judged = run(judged)
     _, t_instant2 = run("exact")
     _, t_judged2 = run(judged)
-    replies = [(conv[-1]["content"], row["task_data"]) for row in with_judge for conv in row["conversations"]]
+    replies = [
+        (conv[-1]["content"], json.loads(row["task_data"])) for row in with_judge for conv in row["conversations"]
+    ]
     _, t_alone = judge_all(judge, replies)
     statuses = [s for row in with_judge["statuses"] for s in row]
     same = [c[-1]["content"] for r in instant["conversations"] for c in r] == [c for c, _ in replies]

@@ -37,6 +37,7 @@ times its phases (``collect``, ``update``: prepare + ``grpo_update``, ``sync``, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shlex
@@ -94,11 +95,11 @@ def train(cfg: TrainConfig, command: str | None = None) -> list[runs.IterationSt
         raise ValueError(f"--advantage must be one of {training.ADVANTAGE_MODES}, --control of {runs.CONTROLS}.")
     if cfg.backend not in BACKENDS:
         raise ValueError(f"--backend must be one of {BACKENDS}, got {cfg.backend!r}.")
-    with training.flush_denormals(not cfg.keep_denormals):
-        return _train(cfg, command)
+    with training.flush_denormals(not cfg.keep_denormals), contextlib.ExitStack() as cleanup:
+        return _train(cfg, command, cleanup)
 
 
-def _train(cfg: TrainConfig, command: str | None) -> list[runs.IterationStats]:
+def _train(cfg: TrainConfig, command: str | None, cleanup: contextlib.ExitStack) -> list[runs.IterationStats]:
     started, accelerator, out = (time.perf_counter(), time.process_time()), Accelerator(), Path(cfg.output_dir)
     spec = "tiny-small" if cfg.model == "tiny" and cfg.model_size != "tiny" else cfg.model
     model, tokenizer, agent, params = runs.load_policy(cfg, spec=spec, device=accelerator.device, suffix="grpo")
@@ -106,6 +107,7 @@ def _train(cfg: TrainConfig, command: str | None) -> list[runs.IterationStats]:
         if accelerator.num_processes > 1:
             raise ValueError("--backend vllm runs in one process (the engine and the trainer share it).")
         agent = vllm_agent(model, tokenizer, cfg)
+        cleanup.callback(agent.close)  # the engine's processes end with the run, also when it fails
     policy, optimizer = accelerator.prepare(model, torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0))
     all_tasks, eval_tasks = recipes.task_splits(
         tokenizer, env=cfg.env, env_config=runs.env_config_of(cfg), tasks=cfg.tasks, eval_tasks=cfg.eval_tasks_path,
@@ -119,26 +121,28 @@ def _train(cfg: TrainConfig, command: str | None) -> list[runs.IterationStats]:
         probe, phases, gap = weights_probe(model), {}, None
         tasks = all_tasks.select([(it * cfg.tasks_per_iter + j) % len(all_tasks) for j in range(cfg.tasks_per_iter)])
         rollouts = collect_rollouts(tasks, agent, cfg.num_rollouts, seed=seed)
-        collected = time.perf_counter()
-        phases["collect"] = collected - start
+        phases["collect"] = time.perf_counter() - start
         if cfg.keep_rollouts and main:
             rollouts.save_to_disk(str(out / "rollouts" / f"iter{it:04d}"))
+        began = time.perf_counter()
         with accelerator.main_process_first():
             prepared = training.prepare_rollouts(rollouts, flatten=True, advantage=cfg.advantage, progress=False,
                                                  drop_constant_groups=not cfg.keep_constant_groups)  # fmt: skip
         rows = prepared.dataset
         if cfg.control == "shuffle":
             rows = training.shuffle_advantages(rows, derive_seed("train_grpo_control", cfg.seed, it))
+        phases["update"] = time.perf_counter() - began  # prepare (+ the control's shuffle), then grpo_update below
         played = evaluation_of(rollouts)
         if cfg.logprob_gap:
             began = time.perf_counter()
             every = training.prepare_rollouts(rollouts, flatten=True, progress=False).dataset
             gap = dataclasses.asdict(training.logprob_gap(model, every, tokenizer.pad_token_id))
             phases["gap"] = time.perf_counter() - began
+        began = time.perf_counter()
         m = training.grpo_update(policy, optimizer, dataclasses.replace(prepared, dataset=rows),  # warns on a wasted
                                  pad_token_id=tokenizer.pad_token_id, config=update, seed=seed,  # round (the report)
                                  accelerator=accelerator)  # fmt: skip
-        phases["update"] = time.perf_counter() - collected - phases.get("gap", 0.0)  # prepare + grpo_update
+        phases["update"] += time.perf_counter() - began
         if cfg.backend == "vllm":
             began = time.perf_counter()
             agent.sync_weights(model)  # the next round samples the updated policy
@@ -175,8 +179,6 @@ def _train(cfg: TrainConfig, command: str | None) -> list[runs.IterationStats]:
             title = f"GRPO, {cfg.model}, {cfg.tasks or cfg.env}, {cfg.tasks_per_iter}x{cfg.num_rollouts}/iter{control}"
             curves = ("reward", "solve rate", "tool_rate")
             recipes.save_learning_curve(plot, rounds, heldout=points, title=title, curves=curves)
-    if cfg.backend == "vllm":
-        agent.close()
     return history
 
 

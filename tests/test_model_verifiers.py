@@ -200,6 +200,8 @@ def test_verdict_parsers(parser, reply, reward):
         (VerdictParser("score"), "great", "no number"),
         (VerdictParser("letter"), "Answer: C", "none of the letters"),
         (VerdictParser("letter"), "A spider has six legs.", "none of the letters"),  # "A" the word is no choice
+        (VerdictParser("letter"), "The answer is a dog.", "none of the letters"),  # nor "a" after "answer is"
+        (VerdictParser("letter"), "answer: b", "none of the letters"),  # the letters as written (was a KeyError)
         (VerdictParser(pattern="VERDICT: (yes|no)"), "yes", "does not match the verdict pattern"),
     ],
 )

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from datasets import load_from_disk
+from datasets import Dataset, Features, Json, load_from_disk
 from viewer_rollouts import HOSTILE, model_rollouts, scripted_rollouts
 
 import hf_rollouts
@@ -22,7 +22,7 @@ from hf_rollouts.publish import compute_stats
 from hf_rollouts.training import group_advantages
 from hf_rollouts.viewer import serve, write_html
 from hf_rollouts.viewer.server import MAX_HTML_TASKS, Viewer, render_html
-from hf_rollouts.viewer.source import open_rollouts
+from hf_rollouts.viewer.source import open_rollouts, task_keys
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -146,6 +146,23 @@ def test_opens_parquet_cache_folders_and_datasets_in_memory(scripted, tokenizer,
     }
     with pytest.raises(FileNotFoundError):
         open_rollouts(tmp_path / "nothing-here")
+
+
+def test_compare_keys_match_a_task_whatever_wrote_its_json():
+    """Today's exact JSON text and an earlier version's ``Json()`` column (ASCII escapes, its own spacing and key
+    order) of the same task give one key, so a run saved before the storage change compares with one saved after."""
+    task = {"word": "café", "n": 3}
+    today = Dataset.from_dict({"env_class_path": ["e.E"], "env_config": ["{}"], "task_data": [json.dumps(task)]})
+    earlier = Dataset.from_list(
+        [{"env_class_path": "e.E", "env_config": {}, "task_data": {"n": 3, "word": "café"}}],
+        features=Features(
+            {"env_class_path": today.features["env_class_path"], "env_config": Json(), "task_data": Json()}
+        ),
+    )
+    other = Dataset.from_dict(
+        {"env_class_path": ["e.E"], "env_config": ["{}"], "task_data": ['{"word": "cafe", "n": 3}']}
+    )
+    assert task_keys(today) == task_keys(earlier) != task_keys(other)
 
 
 def test_compare_matches_tasks_in_any_order(scripted, tokenizer, tmp_path):

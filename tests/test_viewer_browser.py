@@ -93,6 +93,8 @@ def test_click_from_the_run_to_a_token(browser, model_server, data):
         shown(r) for r in ds[row]["final_rewards"]
     ]
     assert [c.find_element("css selector", ".status").text for c in cards] == ds[row]["statuses"]
+    task_text = find(browser, "#group pre.task")[0].text  # the task rows' exact JSON text, shown as stored
+    assert f"env_config: {ds[row]['env_config']}" in task_text and f"task_data: {ds[row]['task_data']}" in task_text
     cards[1].find_element("css selector", ".open-rollout").click()  # group -> rollout 1
     wait_for(browser, "#messages .message")
     contents = [m.text for m in find(browser, "#messages .message .content")]

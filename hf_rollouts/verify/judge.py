@@ -122,17 +122,26 @@ class VerdictParser:
             rf"^\W*({keys})\W*$",  # the whole reply: "B", "(B).", "**B**"
             rf"\(({keys})\)",  # "(B)"
             rf"(?<![A-Za-z0-9])({keys})[).:](?!\w)",  # "B)", "B.", "B:"
-            rf"(?:answer|verdict|choice|option)(?:\s+is)?\s*:?\s*({keys})(?![A-Za-z0-9])",  # "answer: B", "Answer is B"
+            # "answer: B", "Answer is B": the keyword in any case, the letter as the letters are written (no "a dog")
+            rf"(?i:answer|verdict|choice|option)(?:\s+is)?\s*:?\s*({keys})(?![A-Za-z0-9])",
         )
         for rule in marked:
-            found = re.search(rule, text, re.IGNORECASE if rule.startswith("(?:") else 0)
+            found = re.search(rule, text)
             if found is not None:
                 return float(self.letters[found[1]]), found[1]
         raise NoVerdictError(f"none of the letters {sorted(self.letters)} marked as the answer in the reply", reply)
 
 
 _AGENTS: dict[str, Any] = {}
+_AGENT_LOCKS: dict[int, threading.Lock] = {}
 _LOCK = threading.Lock()
+
+
+def agent_lock(agent: Any) -> threading.Lock:
+    """One lock per judge agent: judges of several env configs may share one cached agent, and a transformers agent's
+    ``act_batch`` must not run on two worker threads at once."""
+    with _LOCK:
+        return _AGENT_LOCKS.setdefault(id(agent), threading.Lock())
 
 
 def load_judge_agent(model: str, temperature: float, max_new_tokens: int, seed: int, tokenizer: str | None) -> Any:
@@ -243,7 +252,9 @@ class Judge(Verifier):
         return AgentRequest(messages=messages, prompt_token_ids=list(ids), seed=seed)
 
     def _act_batch(self, requests: list[AgentRequest]) -> list[Any]:
-        return self.agent().act_batch(requests)
+        agent = self.agent()
+        with agent_lock(agent):
+            return agent.act_batch(requests)
 
     def verdict(self, prompt: str, answer: Any) -> Verdict:
         if isinstance(answer, BaseException):

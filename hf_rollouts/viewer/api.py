@@ -300,8 +300,14 @@ def group(opened: Opened, row: int) -> dict[str, Any]:
             }
         )
     extra = {k: json_number(v) for k, v in item.items() if k not in TASK_COLUMNS and not isinstance(v, list)}
-    task = {c: item.get(c) for c in TASK_COLUMNS}
+    task = {c: _shown(item.get(c)) for c in TASK_COLUMNS}  # JSON columns as their exact text (not parsed by the page)
     return {"row": row, "task": task, "extra": extra, "rollouts": rollouts}
+
+
+def _shown(value: Any) -> Any:
+    """A task column as the page shows it: text as stored (task rows keep exact JSON text; the page never parses
+    it, so a 2**70 stays exact), a dict (a dataset written by an earlier version) as its JSON."""
+    return value if value is None or isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
 
 
 def _token_texts(opened: Opened, ids: list[int]) -> list[str] | None:

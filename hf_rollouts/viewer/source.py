@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import Dataset, concatenate_datasets
 
-from ..schema import ROLLOUT_COLUMNS, TASK_COLUMNS, require_columns
+from ..schema import JSON_COLUMNS, ROLLOUT_COLUMNS, TASK_COLUMNS, require_columns
 from ..sources import load_dataset_source
 
 SHARD_NAME = re.compile(r"^(?P<fingerprint>.+)-shard(?P<index>\d+)-of(?P<count>\d+)\.arrow$")
@@ -206,8 +206,8 @@ def json_number(value: Any) -> Any:
 
 
 def task_keys(ds: Dataset) -> list[str]:
-    """Per row, the key two datasets' rows of the same task share: its task columns' stored text (JSON columns are
-    read as their JSON, not decoded)."""
+    """Per row, the key two datasets' rows of the same task share: its task columns, the JSON ones in one canonical
+    text (:func:`_canonical`), so a run saved by an earlier version matches today's rows of the same tasks."""
     table = ds.data.table if hasattr(ds.data, "table") else ds.data
     parts = []
     for name in TASK_COLUMNS:
@@ -216,8 +216,18 @@ def task_keys(ds: Dataset) -> list[str]:
         column = table.column(name)
         if isinstance(column.type, pa.ExtensionType):
             column = pa.chunked_array([chunk.storage for chunk in column.chunks], type=column.type.storage_type)
-        parts.append(column.to_pylist())
+        values = column.to_pylist()
+        parts.append([_canonical(v) for v in values] if name in JSON_COLUMNS else values)
     return [json.dumps(values, default=str) for values in zip(*parts)] if parts else [str(i) for i in range(len(ds))]
+
+
+def _canonical(value: Any) -> Any:
+    """A JSON task column's value as one text whatever wrote it (today's exact JSON text, an earlier version's
+    ``Json()`` text with its ASCII escapes, a dict): parsed and dumped with sorted keys; text that is not JSON as is."""
+    try:
+        return json.dumps(json.loads(value) if isinstance(value, str) else value, sort_keys=True)
+    except (TypeError, ValueError):
+        return value
 
 
 __all__ = ["Opened", "TaskIndex", "json_number", "open_rollouts", "task_keys"]

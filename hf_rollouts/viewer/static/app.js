@@ -256,8 +256,8 @@ function rolloutCard(r, ds, row, open) {
 function groupBlock(g, ds) {
   return el("div", {},
     el("details", { open: true }, el("summary", { text: "task" }),
-      el("pre", { class: "task", text: `${g.task.env_class_path}\nenv_config: ${JSON.stringify(g.task.env_config)}\n` +
-        `task_data: ${JSON.stringify(g.task.task_data)}` + Object.entries(g.extra).map(([k, v]) => `\n${k}: ${v}`).join("") })),
+      el("pre", { class: "task", text: `${g.task.env_class_path}\nenv_config: ${g.task.env_config}\n` +
+        `task_data: ${g.task.task_data}` + Object.entries(g.extra).map(([k, v]) => `\n${k}: ${v}`).join("") })),
     el("div", { class: "group" }, g.rollouts.map((r) => rolloutCard(r, ds, g.row, true))));
 }
 
