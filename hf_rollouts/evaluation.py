@@ -24,18 +24,8 @@ from datasets import Dataset
 
 from .agents.base import Agent
 from .agents.sampling import SamplingConfig
-from .publish.stats import compute_stats
+from .publish.stats import compute_stats, wilson_interval
 from .rounds import collect_rollouts
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (default 95%); ``(nan, nan)`` for ``n == 0``."""
-    if n <= 0:
-        return math.nan, math.nan
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass

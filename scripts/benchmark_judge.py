@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import sys
 import tempfile
@@ -70,13 +69,6 @@ ANSWERS = [  # (question, reference, right reply, wrong reply)
 ]  # fmt: skip
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a proportion k/n."""
-    p = k / n
-    centre, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
-
-
 def judge_all(judge, items):
     """``(verdicts, seconds)``: every (reply, task) judged, awaited together on the engine loop."""
     from hf_rollouts.aio import ENGINE_LOOP
@@ -103,7 +95,9 @@ def agreement(judge, label: str) -> list:
     verdicts, seconds = judge_all(judge, items)
     rewards = [None if isinstance(v, Exception) else v.reward for v in verdicts]
     agree = sum(r == t for r, t in zip(rewards, truth))
-    low, high = wilson(agree, len(truth))
+    from hf_rollouts.evaluation import wilson_interval
+
+    low, high = wilson_interval(agree, len(truth))
     yes_right = sum(r == 1.0 for r, t in zip(rewards, truth) if t == 1.0)
     yes_wrong = sum(r == 1.0 for r, t in zip(rewards, truth) if t == 0.0)
     print(

@@ -164,3 +164,13 @@ def _tool_stats(ds: Dataset) -> dict[str, Any]:
         "tool_statuses": dict(Counter(r["status"] for r in records)),
         "mean_tool_seconds": float(np.mean(seconds)) if seconds else math.nan,
     }
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (default 95%); ``(nan, nan)`` for ``n == 0``."""
+    if n <= 0:
+        return math.nan, math.nan
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)

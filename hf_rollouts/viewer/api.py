@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from ..publish.stats import compute_stats
+from ..publish.stats import compute_stats, wilson_interval
 from ..schema import TASK_COLUMNS
 from ..training.advantages import group_advantages
 from .source import Opened, TaskIndex, json_number
@@ -29,14 +29,10 @@ OPS = ("eq", "ne", "lt", "le", "gt", "ge", "has")
 Z95 = 1.959964
 
 
-def wilson(successes: int, n: int, z: float = Z95) -> list[float] | None:
-    """The Wilson score interval (95%) of a rate ``successes / n``; None when ``n`` is 0."""
-    if n <= 0:
-        return None
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return [max(0.0, centre - half), min(1.0, centre + half)]
+def wilson(successes: int, n: int) -> list[float] | None:
+    """The 95% Wilson score interval of a rate ``successes / n`` (:func:`~hf_rollouts.publish.stats.wilson_interval`)
+    as JSON: ``None`` when ``n`` is 0."""
+    return list(wilson_interval(successes, n)) if n > 0 else None
 
 
 def _card_provenance(card: str | None) -> dict[str, Any]:

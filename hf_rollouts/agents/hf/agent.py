@@ -68,6 +68,15 @@ def probe_digest(samples: Iterable[tuple[str, torch.Tensor]]) -> str:
     return digest.hexdigest()[:16]
 
 
+@torch.no_grad()
+def weights_probe(model: torch.nn.Module) -> str:
+    """:func:`probe_digest` of a strided sample of every parameter tensor of ``model``: what
+    :meth:`TransformersAgent.weights_probe` reports for its model, and what a trainer compares with an engine's."""
+    return probe_digest(
+        (name, p.detach().reshape(-1)[:: probe_stride(p.numel())][:PROBE_SIZE]) for name, p in model.named_parameters()
+    )
+
+
 Backend = Literal["generate", "continuous"]
 BACKENDS: tuple[str, ...] = ("generate", "continuous")
 
@@ -315,17 +324,13 @@ class TransformersAgent(Agent):
             **cls._settings_of(sampling, seed, reuse_kv, backend, cache),
         }
 
-    @torch.no_grad()
     def weights_probe(self) -> str:
-        """A cheap hash of a strided sample of every parameter tensor (:func:`probe_digest`).
+        """A cheap hash of a strided sample of every parameter tensor (:func:`weights_probe`).
 
         It changes when the weights change (e.g. after an optimizer step in a
         training loop), so the pipeline's cache never serves samples of an older policy.
         """
-        return probe_digest(
-            (name, p.detach().reshape(-1)[:: probe_stride(p.numel())][:PROBE_SIZE])
-            for name, p in self.model.named_parameters()
-        )
+        return weights_probe(self.model)
 
     @staticmethod
     def _settings_of(

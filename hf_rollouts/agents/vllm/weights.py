@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from ...aio import ENGINE_LOOP
-from ..hf.agent import PROBE_SIZE, probe_digest, probe_stride
+from ..hf.agent import weights_probe
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -54,13 +54,6 @@ class WeightSync:
     @property
     def seconds(self) -> float:
         return self.write_s + self.load_s
-
-
-def weights_probe(model: torch.nn.Module) -> str:
-    """The digest :meth:`hf_rollouts.agents.hf.TransformersAgent.weights_probe` gives ``model``'s parameters."""
-    return probe_digest(
-        (name, p.detach().reshape(-1)[:: probe_stride(p.numel())][:PROBE_SIZE]) for name, p in model.named_parameters()
-    )
 
 
 def checkpoint_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
