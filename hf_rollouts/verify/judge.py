@@ -33,6 +33,7 @@ The judge model is named in ``env_config``: a task row may name it only when the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import re
@@ -137,9 +138,12 @@ _AGENT_LOCKS: dict[int, threading.Lock] = {}
 _LOCK = threading.Lock()
 
 
-def agent_lock(agent: Any) -> threading.Lock:
+def agent_lock(agent: Any) -> contextlib.AbstractContextManager:
     """One lock per judge agent: judges of several env configs may share one cached agent, and a transformers agent's
-    ``act_batch`` must not run on two worker threads at once."""
+    ``act_batch`` must not run on two worker threads at once; none for an agent that says it is ``thread_safe``
+    (as the LLM gamemaster decides)."""
+    if getattr(agent, "thread_safe", False):
+        return contextlib.nullcontext()
     with _LOCK:
         return _AGENT_LOCKS.setdefault(id(agent), threading.Lock())
 
