@@ -5,8 +5,10 @@ parsers, its own seed and "no verdict" as an error; both in a rubric, in env_con
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import tempfile
+import threading
 
 import pytest
 import torch
@@ -237,6 +239,19 @@ def test_the_judge_in_a_rubric_records_prompt_reply_and_verdict_and_no_verdict_i
     failing = DatasetEnv(tokenizer, {"verifier": {"name": "judge", "model": ScriptedAgent(["x"], fail_at=[0])}})
     broken = failing._run_complete_episode("d", ScriptedAgent(["4"]), task, on_error="record")
     assert broken["status"] == "error" and "the judge failed: RuntimeError" in broken["error"]
+
+
+def test_judges_sharing_an_agent_share_its_lock_unless_it_is_thread_safe():
+    """Judges of several env configs share one cached agent: its ``act_batch`` runs under one lock per agent; an
+    agent that says it is ``thread_safe`` (as the LLM gamemaster reads it) takes none."""
+    from types import SimpleNamespace
+
+    from hf_rollouts.verify.judge import agent_lock
+
+    shared, other = SimpleNamespace(), SimpleNamespace()
+    assert agent_lock(shared) is agent_lock(shared) is not agent_lock(other)
+    assert isinstance(agent_lock(shared), type(threading.Lock()))
+    assert isinstance(agent_lock(SimpleNamespace(thread_safe=True)), contextlib.nullcontext)
 
 
 def test_judge_calls_of_many_episodes_are_one_batch(tokenizer):
