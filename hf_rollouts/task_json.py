@@ -20,12 +20,13 @@ defaults to 10 digits (``1/3`` is stored as ``0.3333333333``), reads with ``ujso
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import numbers
 from typing import Any
 
-__all__ = ["TaskValueError", "decode_task_value", "encode_task_value"]
+__all__ = ["TaskValueError", "decode_task_value", "encode_task_value", "is_python_dict_text"]
 
 _DUMPS = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=lambda o: _plain(o))
 _ASCII = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"), default=lambda o: _plain(o))
@@ -111,6 +112,22 @@ def encode_task_value(value: Any, where: str = "value") -> str:
     return text
 
 
+MAX_LITERAL_CHARS = 1_000_000
+"""The longest stored text :func:`decode_task_value` checks for a Python dict literal (to explain a refusal)."""
+
+
+def is_python_dict_text(text: str) -> bool:
+    """Whether ``text`` is a Python literal of a dict (``str(d)``: single quotes, ``True``/``None``), the text
+    ``Dataset.from_list(dict_rows, features=TASK_FEATURES)`` stores for a dict. Only recognised, never used:
+    :func:`ast.literal_eval` evaluates no code, and text that is long, deep or not a literal gives ``False``."""
+    if len(text) > MAX_LITERAL_CHARS or not text.lstrip().startswith("{"):
+        return False
+    try:
+        return isinstance(ast.literal_eval(text), dict)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+
+
 def decode_task_value(value: Any, where: str = "value") -> dict[str, Any]:
     """A task column's stored value as its dict: JSON text is parsed (exactly, by ``json.loads``); a dict (a
     ``datasets.Json()`` column of a dataset written by an earlier version, or rows not yet stored) is returned as is.
@@ -121,6 +138,13 @@ def decode_task_value(value: Any, where: str = "value") -> dict[str, Any]:
         try:
             decoded = json.loads(value)
         except json.JSONDecodeError as exc:
+            if is_python_dict_text(value):
+                raise TaskValueError(
+                    f"{where} holds {_show(value)}, a Python dict's repr, not its JSON text: "
+                    "Dataset.from_list(rows, features=TASK_FEATURES) stores str(dict) for a dict. Build the rows with "
+                    "hf_rollouts.schema.to_task_dataset(rows), or store json.dumps(d) for each dict (see "
+                    "docs/concepts/task-rows.md)."
+                ) from exc
             raise TaskValueError(
                 f"{where} must be a dict (or its JSON text), got the str {_show(value)}, which is not JSON ({exc})."
             ) from exc

@@ -20,7 +20,7 @@ from hf_rollouts.mapping import rollout_map
 from hf_rollouts.publish import push_rollouts, save_rollouts
 from hf_rollouts.publish.save import parquet_files
 from hf_rollouts.schema import TASK_FEATURES, TaskValidationError, as_task_dataset, to_task_dataset
-from hf_rollouts.task_json import decode_task_value, encode_task_value
+from hf_rollouts.task_json import TaskValueError, decode_task_value, encode_task_value
 
 GUESS = "hf_rollouts.envs.guess_number.GuessNumberEnv"
 VALUES = {
@@ -219,3 +219,37 @@ def test_the_cli_keeps_task_rows_exactly(tmp_path):
         == 0
     )
     assert json.loads(load_from_disk(str(tmp_path / "t"))[0]["env_config"])["seed"] == 2**70
+
+
+def test_rows_built_the_old_way_are_refused_saying_how_to_build_them(tokenizer, tmp_path):
+    """Was: ``Dataset.from_list(dict_rows, features=TASK_FEATURES)`` (what earlier docs and scripts did) stores each
+    dict's Python repr, which was refused as "not JSON" without saying why or how to build the rows."""
+    rows = [
+        {"env_class_path": GUESS, "env_config": {"low": 1, "high": 4}, "task_data": {"target": 2}},
+        {"env_class_path": GUESS, "env_config": {"low": 1, "high": 4}, "task_data": {"target": 3, "hint": None}},
+    ]
+    old_way = Dataset.from_list(rows, features=TASK_FEATURES)  # the real datasets call
+    assert old_way[1]["task_data"] == "{'target': 3, 'hint': None}"  # a dict's repr: not JSON
+    with pytest.raises(TaskValidationError) as caught:
+        generate_rollouts(old_way, ScriptedAgent(["2"]), 1, tokenizer=tokenizer, cache_dir=tmp_path, progress=False)
+    message = str(caught.value)
+    assert "row 0: field 'env_config'" in message and "Python dict's repr" in message
+    assert "hf_rollouts.schema.to_task_dataset(rows)" in message and "json.dumps" in message
+    with pytest.raises(TaskValidationError, match=r"row 1: field 'env_config' holds .*Python dict's repr"):
+        to_task_dataset([rows[0], old_way[1]])  # a stored row read back and rebuilt
+    # built as the message says, the same rows play
+    out = generate_rollouts(
+        to_task_dataset(rows), ScriptedAgent(["2"]), 1, tokenizer=tokenizer, cache_dir=tmp_path, progress=False
+    )
+    assert [json.loads(t) for t in out["task_data"]] == [r["task_data"] for r in rows]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["{'a': 1", "not json", "{'a': __import__('os').system('true')}", "{" * 100_000, "['a']", "{1, 2}"],
+)
+def test_text_that_is_no_python_dict_literal_keeps_the_plain_message(text):
+    """Only a Python literal of a dict gets the migration hint; other text, code included, is never evaluated."""
+    with pytest.raises(TaskValueError) as caught:
+        decode_task_value(text, "row 0: field 'task_data'")
+    assert "Python dict's repr" not in str(caught.value) and "row 0: field 'task_data'" in str(caught.value)
