@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -20,12 +19,19 @@ import pyarrow.compute as pc
 from ..publish.stats import compute_stats, wilson_interval
 from ..schema import TASK_COLUMNS
 from ..training.advantages import group_advantages
+from .card import card_provenance
 from .source import Opened, TaskIndex, json_number
 
 PAGE = 50
 """Task table rows per page (a request may ask for up to :data:`MAX_PAGE`)."""
 MAX_PAGE = 500
 OPS = ("eq", "ne", "lt", "le", "gt", "ge", "has")
+MAX_FILTERS = 20
+"""The most ``where`` filters one task table request may hold (each reads every task); past it, a 400."""
+MAX_FILTER_CHARS = 1000
+"""The longest ``where`` filter, and the longest search text ``q``, a request may hold."""
+MAX_JSON_DEPTH = 64
+"""The deepest ``infos`` the API parses into JSON values; deeper (or not JSON) it is answered as its text."""
 Z95 = 1.959964
 
 
@@ -33,25 +39,6 @@ def wilson(successes: int, n: int) -> list[float] | None:
     """The 95% Wilson score interval of a rate ``successes / n`` (:func:`~hf_rollouts.publish.stats.wilson_interval`)
     as JSON: ``None`` when ``n`` is 0."""
     return list(wilson_interval(successes, n)) if n > 0 else None
-
-
-def _card_provenance(card: str | None) -> dict[str, Any]:
-    """The card's YAML header keys and its "Agent and sampling" table (model, sampling, seed, options)."""
-    if not card:
-        return {}
-    out: dict[str, Any] = {}
-    if card.startswith("---"):
-        import yaml
-
-        header = yaml.safe_load(card.split("---", 2)[1]) or {}
-        out["header"] = {k: header[k] for k in ("pretty_name", "license", "tags") if k in header}
-    generated = re.search(r"generated with hf_rollouts ([^\s.]+(?:\.[^\s.]+)*)\.", card)
-    if generated:
-        out["version"] = generated[1]
-    section = card.split("## Agent and sampling", 1)[1].split("\n## ", 1)[0] if "## Agent and sampling" in card else ""
-    rows = re.findall(r"^\| ([^|]+?) \| `(.*)` \|$", section, flags=re.M)
-    out["settings"] = [[k.strip(), v] for k, v in rows]
-    return out
 
 
 def _settings(settings: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -100,7 +87,11 @@ def summary(opened: Opened, index: TaskIndex, table: list[list[str]] | None) -> 
     k = max((len(r) for r in index.rewards), default=0)
     return {
         "label": opened.label,
-        "notes": opened.notes,
+        "notes": opened.notes
+        + [
+            f"your column {k!r} is shown as {v!r} ({k!r} is a field of the viewer's own)"
+            for k, v in index.renamed.items()
+        ],
         "tasks": len(index),
         "rollouts": len(rewards),
         "k": k,
@@ -120,7 +111,7 @@ def summary(opened: Opened, index: TaskIndex, table: list[list[str]] | None) -> 
         "judged_tasks": len(task_verdicts),
         "stats": table,
         "sampling": _sampling(opened.dataset),
-        "card": _card_provenance(opened.card),
+        "card": card_provenance(opened.card),
         "columns": table_columns(index),
         "tokenizer": opened.tokenizer is not None,
     }
@@ -184,6 +175,12 @@ class TaskQuery:
         def one(name: str, default: str = "") -> str:
             return params.get(name, [default])[0]
 
+        where = tuple(params.get("where", []))
+        if len(where) > MAX_FILTERS:
+            raise ValueError(f"{len(where)} filters: a request holds at most {MAX_FILTERS} (where=column:op:value)")
+        for text, what in [(w, "filter") for w in where] + [(one("q"), "search text")]:
+            if len(text) > MAX_FILTER_CHARS:
+                raise ValueError(f"a {what} of {len(text)} characters: at most {MAX_FILTER_CHARS} are read")
         return cls(
             offset=max(0, int(one("offset", "0"))),
             limit=min(MAX_PAGE, max(1, int(one("limit", str(PAGE))))),
@@ -192,7 +189,7 @@ class TaskQuery:
             status=one("status"),
             env=one("env"),
             q=one("q"),
-            where=tuple(params.get("where", [])),
+            where=where,
         )
 
 
@@ -248,12 +245,26 @@ def _sort_values(index: TaskIndex, name: str) -> list[Any]:
 
 
 def _json_or_text(text: str | None) -> Any:
+    """``infos`` as its JSON value, or as its text when it is not JSON or nests deeper than :data:`MAX_JSON_DEPTH`
+    (``"[" * 100000`` is shown, never a failed answer)."""
     if text is None:
         return None
     try:
-        return json.loads(text)
-    except ValueError:
+        value = json.loads(text)
+    except (ValueError, RecursionError):  # RecursionError: deeper than the json module parses
         return text
+    return value if _depth(value) <= MAX_JSON_DEPTH else text
+
+
+def _depth(value: Any) -> int:
+    """How deep lists and dicts nest in ``value`` (a scalar: 0), walked without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _check_row(opened: Opened, row: int) -> None:
@@ -365,4 +376,17 @@ def rollout(opened: Opened, row: int, i: int) -> dict[str, Any]:
     }
 
 
-__all__ = ["PAGE", "TaskQuery", "group", "histogram", "rollout", "search_rows", "stats_table", "summary", "tasks"]
+__all__ = [
+    "MAX_FILTERS",
+    "MAX_FILTER_CHARS",
+    "MAX_JSON_DEPTH",
+    "PAGE",
+    "TaskQuery",
+    "group",
+    "histogram",
+    "rollout",
+    "search_rows",
+    "stats_table",
+    "summary",
+    "tasks",
+]

@@ -21,7 +21,10 @@ class ViewArgs:
     split: str = field(default="train", metadata={"help": "Split of a Hub dataset or a DatasetDict folder."})
     host: str = field(
         default="127.0.0.1",
-        metadata={"help": "Address to bind. The default serves this machine only; 0.0.0.0 serves the network."},
+        metadata={
+            "help": "Address to bind. The default serves this machine only (so does ::1, over IPv6); 0.0.0.0 serves "
+            "the network."
+        },
     )
     port: int = field(default=0, metadata={"help": "Port to serve on (0: a free one)."})
     html: str | None = field(
@@ -44,7 +47,7 @@ def run_view(argv: list[str]) -> int:
     """Open the dataset(s), then write the page (``--html``) or print the address and serve until interrupted. A
     dataset that cannot be opened is one ``error:`` line and exit code 2, as in the rest of the CLI."""
     args, ns = view_parser().parse_args_into_dataclasses(argv)
-    from .server import Viewer, ViewerServer, render_html
+    from .server import Viewer, ViewerServer, is_loopback, render_html
     from .source import open_rollouts
 
     try:
@@ -63,7 +66,7 @@ def run_view(argv: list[str]) -> int:
         return 0
     server = ViewerServer(Viewer(main, other), args.host, args.port)
     print(f"hf-rollouts view: serving {main.label} at {server.url}  (Ctrl-C stops it)", flush=True)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
+    if not is_loopback(args.host):
         print(
             f"warning: bound to {args.host}: anyone who can reach this machine can read the rollouts", file=sys.stderr
         )

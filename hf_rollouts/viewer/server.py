@@ -2,18 +2,24 @@
 
 The server answers a fixed set of addresses: the page, its two assets (read from the package, by name) and the JSON
 API of :mod:`hf_rollouts.viewer.api`. No address maps to a file path, so nothing outside the dataset is served; it
-binds loopback (``127.0.0.1``) unless told otherwise and, on loopback, answers only requests whose ``Host`` is the
-loopback address it serves (a page on another site cannot read it through DNS rebinding). Model text reaches the page
-only as JSON and is put on it with ``textContent`` (``app.js``); the page's Content-Security-Policy allows no inline
-or foreign script.
+binds loopback (``127.0.0.1``; ``::1`` serves IPv6) unless told otherwise and, on loopback, answers only requests whose
+``Host`` names a loopback address (any of 127.0.0.0/8, ``::1``, ``localhost``; with the port it serves, or none): a
+page on another site cannot read it through DNS rebinding. A connection that has not sent its whole request within
+``timeout`` seconds (one that sends nothing, or trickles its headers) is closed, and so is one that makes no progress
+for that long while the answer is sent. An answer that fails is a 500 with its reason, never a dropped connection.
+Model text reaches the page only as JSON and is put on it with ``textContent`` (``app.js``); the page's
+Content-Security-Policy allows no inline or foreign script.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import json
 import math
+import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -35,6 +41,49 @@ CSP = (
 )
 MAX_HTML_TASKS = 500
 """The most tasks ``--html`` embeds (every group and rollout goes into the one file); serve a larger dataset."""
+TIMEOUT = 20.0
+"""Seconds a connection has to send its whole request, and the longest wait for any read or write on it."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address to bind, or a ``Host`` header's name without its port) names this machine
+    only: ``localhost``, any of 127.0.0.0/8, ``::1`` (bracketed or not; an IPv4-mapped ``::ffff:127.x`` too)."""
+    name = host.strip().rstrip(".").lower()
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    if name == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def split_host(header: str) -> tuple[str, int | None] | None:
+    """A ``Host`` header as (name, port or None): ``127.0.0.1:8000``, ``localhost``, ``[::1]:8000``, ``[::1]``, a
+    bare ``::1``; None when it cannot be read (a port that is not a number, an unclosed bracket)."""
+    header = header.strip()
+    if header.startswith("["):
+        name, bracket, rest = header[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            return None
+        port = rest[1:]
+    elif header.count(":") == 1:
+        name, _, port = header.partition(":")
+    else:  # no port, or a bare IPv6 address
+        name, port = header, ""
+    if port and not port.isdigit():
+        return None
+    return name, int(port) if port else None
+
+
+def host_allowed(header: str, port: int) -> bool:
+    """Whether a loopback server on ``port`` answers a request whose ``Host`` is ``header``: a loopback name, with
+    ``port`` or no port. Any other name is refused (DNS rebinding gives a page elsewhere its own name here)."""
+    parts = split_host(header)
+    return parts is not None and is_loopback(parts[0]) and parts[1] in (None, port)
 
 
 def asset(name: str) -> str:
@@ -109,10 +158,38 @@ def _default(value: Any) -> Any:
     return str(value)
 
 
-def _handler(viewer: Viewer, hosts: set[str] | None) -> type[BaseHTTPRequestHandler]:
+def _handler(viewer: Viewer, port: int | None, timeout: float) -> type[BaseHTTPRequestHandler]:
+    """The request handler: ``port`` set, requests are answered only for a loopback ``Host`` (:func:`host_allowed`)."""
+
     class Handler(BaseHTTPRequestHandler):
         server_version = "hf-rollouts-viewer"
         sys_version = ""
+
+        def setup(self) -> None:
+            self.timeout = timeout  # each read and write on the socket waits at most this long
+            super().setup()
+
+        def handle_one_request(self) -> None:
+            # the whole request (its line and headers) must come within `timeout`: a trickle of header bytes,
+            # each within the socket's timeout, is cut when the deadline passes
+            self._lock, self._read, self._expired = threading.Lock(), False, False
+            timer = threading.Timer(timeout, self._expire)
+            timer.daemon = True
+            timer.start()
+            try:
+                super().handle_one_request()
+            finally:
+                timer.cancel()
+
+        def _expire(self) -> None:
+            with self._lock:
+                if self._read:
+                    return
+                self._expired = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet: one line per request is noise
             pass
@@ -129,7 +206,11 @@ def _handler(viewer: Viewer, hosts: set[str] | None) -> type[BaseHTTPRequestHand
             self.wfile.write(body)
 
         def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
-            if hosts is not None and self.headers.get("Host", "") not in hosts:
+            with self._lock:
+                if self._expired:  # cut at the deadline: what was read is no request to answer
+                    return
+                self._read = True
+            if port is not None and not host_allowed(self.headers.get("Host", ""), port):
                 self._send(403, b"unknown Host: open the address hf-rollouts view printed", "text/plain")
                 return
             url = urlsplit(self.path)
@@ -148,23 +229,39 @@ def _handler(viewer: Viewer, hosts: set[str] | None) -> type[BaseHTTPRequestHand
             except (ValueError, IndexError) as exc:
                 self._send(400, _json({"error": str(exc)}), "application/json")
                 return
+            except Exception as exc:  # an answer that fails is said, not a dropped connection
+                self._send(500, _json({"error": f"{type(exc).__name__}: {exc}"[:2000]}), "application/json")
+                return
             self._send(200, body, "application/json")
 
     return Handler
 
 
-class ViewerServer:
-    """A running viewer: ``url`` is its address; ``close()`` stops it (also a context manager)."""
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
 
-    def __init__(self, viewer: Viewer, host: str = "127.0.0.1", port: int = 0) -> None:
-        loopback = host in ("127.0.0.1", "localhost", "::1")
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], OSError):  # a client gone or timed out is no error of the viewer's
+            super().handle_error(request, client_address)
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class ViewerServer:
+    """A running viewer: ``url`` is its address; ``close()`` stops it (also a context manager). ``host``: the address
+    to bind (an IPv6 one, such as ``::1``, serves IPv6); ``timeout``: see the module docstring."""
+
+    def __init__(self, viewer: Viewer, host: str = "127.0.0.1", port: int = 0, timeout: float = TIMEOUT) -> None:
         self.viewer = viewer
-        self.httpd = ThreadingHTTPServer((host, port), _handler(viewer, None))
+        server = _Server6 if ":" in host else _Server
+        self.httpd = server((host.strip("[]"), port), _handler(viewer, None, timeout), bind_and_activate=True)
         self.port = self.httpd.server_address[1]
-        shown = "127.0.0.1" if host in ("", "0.0.0.0") else host
-        self.url = f"http://{shown}:{self.port}/"
-        hosts = {f"127.0.0.1:{self.port}", f"localhost:{self.port}", f"[::1]:{self.port}"} if loopback else None
-        self.httpd.RequestHandlerClass = _handler(viewer, hosts)
+        shown = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host.strip("[]"), host.strip("[]"))
+        self.url = f"http://{f'[{shown}]' if ':' in shown else shown}:{self.port}/"
+        loopback = is_loopback(host)
+        self.httpd.RequestHandlerClass = _handler(viewer, self.port if loopback else None, timeout)
         self._thread: threading.Thread | None = None
 
     def start(self) -> ViewerServer:
@@ -247,4 +344,15 @@ def render_html(viewer: Viewer) -> str:
     return page
 
 
-__all__ = ["CSP", "MAX_HTML_TASKS", "Viewer", "ViewerServer", "render_html", "static_answers"]
+__all__ = [
+    "CSP",
+    "MAX_HTML_TASKS",
+    "TIMEOUT",
+    "Viewer",
+    "ViewerServer",
+    "host_allowed",
+    "is_loopback",
+    "render_html",
+    "split_host",
+    "static_answers",
+]

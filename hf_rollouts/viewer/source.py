@@ -28,6 +28,12 @@ SHARD_NAME = re.compile(r"^(?P<fingerprint>.+)-shard(?P<index>\d+)-of(?P<count>\
 """A shard cache file's name (:mod:`hf_rollouts.pipeline`)."""
 
 ROLLOUT_NAMES = frozenset(c.name for c in ROLLOUT_COLUMNS)
+BUILT_IN_FIELDS = frozenset(
+    "row env mean_reward rewards statuses done truncated error solved turns length text".split()
+)
+"""The fields of a task's record (:meth:`TaskIndex.record`; ``text``: its conversation, in the one-file page). A user
+column of one of these names is shown as ``user.NAME`` (:data:`USER_PREFIX`), never in the built-in field's place."""
+USER_PREFIX = "user."
 
 
 @dataclass
@@ -65,7 +71,10 @@ def _cache_run(folder: Path) -> tuple[Dataset, str] | None:
     return concatenate_datasets(parts), note
 
 
-def _find_tokenizer(folder: Path | None, tokenizer: Any) -> Any:
+def _find_tokenizer(folder: Path | None, tokenizer: Any, notes: list[str]) -> Any:
+    """The tokenizer given, or loaded from the path or id given, or from the ``tokenizer/`` folder beside the data;
+    always with ``trust_remote_code=False``: a tokenizer is data, and the viewer runs no code a dataset ships. One
+    found beside the data that cannot load without its own code is left out (tokens show by id) with a note."""
     if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
         return tokenizer
     path = Path(tokenizer) if tokenizer is not None else (folder / "tokenizer" if folder else None)
@@ -73,7 +82,17 @@ def _find_tokenizer(folder: Path | None, tokenizer: Any) -> Any:
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+    if tokenizer is not None:  # asked for by name: a refusal is the user's error to see
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except (ValueError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        notes.append(
+            f"the tokenizer in {path} was not loaded (tokens show by id): {first} The viewer never runs a "
+            "tokenizer's own code (trust_remote_code=False); pass --tokenizer with a tokenizer that needs none."
+        )
+        return None
 
 
 def open_rollouts(source: Any, tokenizer: Any = None, split: str = "train") -> Opened:
@@ -100,7 +119,7 @@ def open_rollouts(source: Any, tokenizer: Any = None, split: str = "train") -> O
     if folder is not None and (folder / "README.md").is_file():
         card = (folder / "README.md").read_text(encoding="utf-8")
     label = str(source) if isinstance(source, (str, Path)) else f"in-memory dataset ({len(ds)} rows)"
-    return Opened(ds, label, card, _find_tokenizer(folder, tokenizer), notes)
+    return Opened(ds, label, card, _find_tokenizer(folder, tokenizer, notes), notes)
 
 
 def _column(table: pa.Table, name: str) -> pa.ChunkedArray | None:
@@ -145,7 +164,9 @@ class TaskIndex:
 
     ``rewards`` and ``statuses`` are per rollout (NaN for an error's reward); ``mean_reward`` leaves errors out (NaN
     when every rollout failed); ``length`` is the row's padded length (its longest rollout, in tokens); ``extra``
-    holds the user's scalar columns (anything beside the task and rollout columns), by name."""
+    holds the user's scalar columns (anything beside the task and rollout columns), by the name shown: a column named
+    like a built-in field (:data:`BUILT_IN_FIELDS`) as ``user.NAME``, recorded in ``renamed`` (column -> name shown).
+    """
 
     env: list[str]
     rewards: list[list[float]]
@@ -155,6 +176,7 @@ class TaskIndex:
     length: np.ndarray
     mean_reward: np.ndarray
     extra: dict[str, list[Any]]
+    renamed: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def build(cls, ds: Dataset) -> TaskIndex:
@@ -167,12 +189,14 @@ class TaskIndex:
         env = [p.rsplit(".", 1)[-1] for p in envs.to_pylist()] if envs is not None else [""] * len(rewards)
         length = _longest(table, len(rewards))
         means = np.array([np.nanmean(r) if any(np.isfinite(r)) else np.nan for r in rewards], dtype=np.float64)
-        extra = {
-            name: table.column(name).to_pylist()
+        user = [
+            name
             for name in table.column_names
             if name not in ROLLOUT_NAMES and name not in TASK_COLUMNS and _is_scalar(table.schema.field(name).type)
-        }
-        return cls(env, rewards, statuses, turns, solved, np.asarray(length, dtype=np.int64), means, extra)
+        ]
+        renamed = _shown_names(user)
+        extra = {renamed.get(name, name): table.column(name).to_pylist() for name in user}
+        return cls(env, rewards, statuses, turns, solved, np.asarray(length, dtype=np.int64), means, extra, renamed)
 
     def __len__(self) -> int:
         return len(self.env)
@@ -182,6 +206,7 @@ class TaskIndex:
         statuses = self.statuses[i]
         verdicts = [v for v in self.solved[i] if v is not None]
         return {
+            **{name: json_number(values[i]) for name, values in self.extra.items()},  # first: a built-in field wins
             "row": i,
             "env": self.env[i],
             "mean_reward": json_number(self.mean_reward[i]),
@@ -193,8 +218,22 @@ class TaskIndex:
             "solved": sum(bool(v) for v in verdicts) if verdicts else None,
             "turns": float(np.mean(self.turns[i])) if self.turns[i] else 0.0,
             "length": int(self.length[i]),
-            **{name: json_number(values[i]) for name, values in self.extra.items()},
         }
+
+
+def _shown_names(columns: list[str]) -> dict[str, str]:
+    """The user columns that a built-in field's name would hide, each with the name it is shown under
+    (``user.rewards``; ``user.user.rewards`` if the dataset has a ``user.rewards`` column too)."""
+    taken = set(columns) | BUILT_IN_FIELDS
+    renamed = {}
+    for name in columns:
+        if name in BUILT_IN_FIELDS:
+            shown = USER_PREFIX + name
+            while shown in taken:
+                shown = USER_PREFIX + shown
+            taken.add(shown)
+            renamed[name] = shown
+    return renamed
 
 
 def json_number(value: Any) -> Any:
@@ -226,8 +265,8 @@ def _canonical(value: Any) -> Any:
     ``Json()`` text with its ASCII escapes, a dict): parsed and dumped with sorted keys; text that is not JSON as is."""
     try:
         return json.dumps(json.loads(value) if isinstance(value, str) else value, sort_keys=True)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # RecursionError: nested deeper than json parses
         return value
 
 
-__all__ = ["Opened", "TaskIndex", "json_number", "open_rollouts", "task_keys"]
+__all__ = ["BUILT_IN_FIELDS", "USER_PREFIX", "Opened", "TaskIndex", "json_number", "open_rollouts", "task_keys"]

@@ -178,6 +178,7 @@ async function showRun(parts, params) {
     : el("p", { class: "muted", text: "no logprob_settings column" }));
   root.append(el("h3", { text: "Dataset card" }));
   const card = s.card || {};
+  if (card.error) root.append(el("p", { class: "error-text", id: "run-card-error", text: "The card's header was not read: " + card.error }));
   if (card.settings || card.header) {
     const rows = Object.entries(card.header || {}).map(([k, v]) => [k, Array.isArray(v) ? v.join(", ") : v]);
     if (card.version) rows.push(["hf_rollouts version", card.version]);
