@@ -9,10 +9,24 @@ import math
 
 import pytest
 from datasets import load_from_disk
-from viewer_rollouts import HOSTILE, model_rollouts, scripted_rollouts, tool_rollouts
+from viewer_rollouts import (
+    HOSTILE,
+    SHADOWING,
+    UNPARSED,
+    deep_infos,
+    model_rollouts,
+    scripted_rollouts,
+    shadowing_columns,
+    tool_rollouts,
+    variant,
+    with_alias_bomb,
+)
 
 from hf_rollouts.viewer import serve, write_html
+from hf_rollouts.viewer.api import MAX_FILTERS
 from hf_rollouts.viewer.browser import missing, start_browser
+from hf_rollouts.viewer.server import Viewer, ViewerServer
+from hf_rollouts.viewer.source import open_rollouts
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=f"the browser tests need {missing()}")
 
@@ -220,3 +234,85 @@ def test_the_one_file_page_sorts_filters_searches_and_compares(browser, data):
     wait_for(browser, "#pair-b .rollout-card")
     assert browser.find_element("css selector", "#pair h2").text.startswith("Task A 1 / B 1")
     assert len(find(browser, "#pair-a .rollout-card")) == len(find(browser, "#pair-b .rollout-card")) == 2
+
+
+# -- the viewer's edges (issue 50, item 8; their HTTP side: test_viewer_edges.py) -----------------------------------
+def test_a_card_with_yaml_aliases_says_so_on_the_run_page(browser, data):
+    """Was: the alias bomb's 531441 tags were sent and put on the page (three more YAML lines: gigabytes)."""
+    folder = with_alias_bomb(data["scripted"], data["root"] / "bomb")
+    with serve(folder) as server:
+        browser.get(server.url)
+        error = wait_for(browser, "#run-card-error").text
+        assert "uses an alias (*a" in error and "reads no YAML aliases" in error
+        assert "model" in browser.find_element("id", "run-card").text  # the body's provenance is still shown
+        assert "lol" not in browser.find_element("id", "run").text
+
+
+@pytest.mark.parametrize("mode", ["server", "html"])
+def test_deeply_nested_infos_show_as_text(browser, data, tiny, mode):
+    """Was: the server dropped the connection (json.loads' RecursionError) and the page showed a fetch error."""
+    folder = variant(data["scripted"], tiny[1], data["root"] / f"deep-{mode}", deep_infos)
+    server = serve(folder) if mode == "server" else None
+    try:
+        base = server.url if server else write_html(folder, data["root"] / "deep.html")
+        browser.get(f"{base}#/rollout/0/0")
+        assert wait_for(browser, "#rollout-infos").get_attribute("textContent") == UNPARSED
+        browser.get("about:blank")
+        browser.get(f"{base}#/group/0")
+        wait_for(browser, "#group .rollout-card")
+        shown = [e.get_attribute("textContent") for e in find(browser, "#group pre.infos")]
+        assert shown[0] == UNPARSED and not find(browser, "#view-error")
+    finally:
+        if server:
+            server.close()
+
+
+def test_too_many_filters_are_refused_with_the_reason(browser, model_server):
+    browser.get(model_server.url + "#/tasks?" + "&".join(["where=length:gt:0"] * (MAX_FILTERS + 1)))
+    assert f"a request holds at most {MAX_FILTERS}" in wait_for(browser, "#view-error").text
+    browser.get(model_server.url + "#/tasks?" + "&".join(["where=length:gt:0"] * MAX_FILTERS))
+    wait_for(browser, "#task-table tbody tr")
+    assert len(find(browser, "#task-table tbody tr")) == 3
+
+
+def test_user_columns_named_like_built_in_fields_keep_their_own_place(browser, data, tiny):
+    """Was: the table's row, env and mean-reward cells showed the user's columns of those names."""
+    folder = variant(data["scripted"], tiny[1], data["root"] / "shadow", shadowing_columns)
+    ds = load_from_disk(str(folder))
+    with serve(folder) as server:
+        browser.get(server.url + "#/tasks?sort=row")
+        wait_for(browser, "#task-table tbody tr")
+        headers = [th.get_attribute("data-column") for th in find(browser, "#task-table th[data-column]")]
+        assert {f"user.{name}" for name in SHADOWING} <= set(headers) and headers.count("row") == 1
+        cells = {c: headers.index(c) for c in ("row", "env", "mean_reward", "user.row", "user.env")}
+        rows = [
+            [td.text for td in tr.find_elements("css selector", "td")] for tr in find(browser, "#task-table tbody tr")
+        ]
+        assert [r[cells["row"]] for r in rows] == ["0", "1", "2"]
+        assert [r[cells["env"]] for r in rows] == ["MastermindEnv"] * 3
+        assert [r[cells["user.row"]] for r in rows] == ["7", "8", "9"]
+        assert [r[cells["user.env"]] for r in rows] == SHADOWING["env"]
+        means = [
+            sum(x for x in r if not math.isnan(x)) / max(1, sum(not math.isnan(x) for x in r))
+            for r in ds["final_rewards"]
+        ]
+        assert [r[cells["mean_reward"]] for r in rows] == [shown(m) for m in means]
+        browser.find_element("id", "filter-column").send_keys("user.row")
+        browser.find_element("id", "filter-op").send_keys("≥")
+        browser.find_element("id", "filter-value").send_keys("8")
+        browser.find_element("id", "filter-add").click()
+        wait_for(browser, ".filters .filter")
+        assert [int(tr.get_attribute("data-row")) for tr in find(browser, "#task-table tbody tr")] == [1, 2]
+        browser.get(server.url)
+        assert "your column 'rewards' is shown as 'user.rewards'" in wait_for(browser, "#run").text
+
+
+@pytest.mark.parametrize("host", ["::1", "127.0.0.2"])
+def test_the_page_works_on_every_loopback_address(browser, data, host):
+    """Was: ``::1`` could not be bound. A server on 127.0.0.2 now checks ``Host`` (it made no check before: the HTTP
+    test shows another name refused there); the browser's own ``Host`` passes it."""
+    with ViewerServer(Viewer(open_rollouts(data["scripted"])), host).start() as server:
+        browser.get(server.url)
+        assert wait_for(browser, "#run-tasks").text == "3"
+        browser.get(server.url + "#/rollout/0/0")
+        assert wait_for(browser, "#messages .message")

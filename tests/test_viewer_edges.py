@@ -21,7 +21,17 @@ from pathlib import Path
 
 import pytest
 from datasets import load_from_disk
-from viewer_rollouts import save, scripted_rollouts
+from viewer_rollouts import (
+    ALIAS_BOMB,
+    DEEP_OK,
+    TOO_DEEP,
+    UNPARSED,
+    deep_infos,
+    scripted_rollouts,
+    shadowing_columns,
+    variant,
+    with_alias_bomb,
+)
 
 from hf_rollouts.viewer import serve, write_html
 from hf_rollouts.viewer.api import MAX_FILTER_CHARS, MAX_FILTERS
@@ -30,28 +40,12 @@ from hf_rollouts.viewer.server import Viewer, ViewerServer, host_allowed, is_loo
 from hf_rollouts.viewer.source import open_rollouts
 
 REPO = Path(__file__).resolve().parents[1]
-ALIAS_BOMB = "".join(
-    f"{name}: &{name} [{', '.join([f'*{prev}'] * 9 if prev else ['lol'] * 9)}]\n"
-    for prev, name in zip(["", "a", "b", "c", "d", "e"], ["a", "b", "c", "d", "e", "tags"])
-)
-"""Six lines of YAML (about 200 bytes) whose ``tags`` stand for 9**6 = 531441 strings."""
-UNPARSED = "[" * 100_000
-"""``infos`` text that json cannot parse (it recurses per level)."""
-TOO_DEEP = "[" * 5_000 + "]" * 5_000
-"""Valid JSON nested deeper than json parses."""
-DEEP_OK = json.dumps(json.loads("[" * 80 + "1" + "]" * 80))
-"""Valid JSON that json parses, nested deeper than the API answers as values (MAX_JSON_DEPTH)."""
 
 
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory, tokenizer):
     root = tmp_path_factory.mktemp("viewer_edges")
     return scripted_rollouts(tokenizer, root / "scripted", root / "cache")
-
-
-def variant(scripted: Path, tokenizer, path: Path, change) -> Path:
-    """A copy of the scripted rollouts, ``change``d (a function of the Dataset) and saved as generate saves them."""
-    return save(change(load_from_disk(str(scripted))), tokenizer, path, "scripted")
 
 
 def get(url: str, host: str | None = None) -> tuple[int, dict, bytes]:
@@ -73,14 +67,7 @@ def answer(url: str) -> tuple[int, object]:
 # -- the card's YAML -----------------------------------------------------------------------------------------------
 def test_a_card_whose_yaml_uses_aliases_is_refused_with_a_message(scripted, tmp_path):
     """Was: the alias bomb's tags went into every summary answer, expanded (here 3 MB; three more lines, gigabytes)."""
-    folder = tmp_path / "bomb"
-    folder.mkdir()
-    for item in scripted.iterdir():
-        (folder / item.name).symlink_to(item)
-    (folder / "README.md").unlink()
-    card = (scripted / "README.md").read_text()
-    assert card.startswith("---\n")
-    (folder / "README.md").write_text("---\n" + ALIAS_BOMB + card[4:])
+    folder = with_alias_bomb(scripted, tmp_path / "bomb")
     with serve(folder) as server:
         status, headers, body = get(server.url + "api/summary")
         assert status == 200 and len(body) < 100_000, len(body)
@@ -115,13 +102,7 @@ def test_the_card_header_reader_reads_a_card_as_written(scripted):
 # -- infos nested too deep -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def deep(scripted, tokenizer, tmp_path_factory):
-    def change(ds):
-        infos = list(ds["infos"])
-        infos[0] = [UNPARSED, TOO_DEEP]
-        infos[1][0] = DEEP_OK
-        return ds.remove_columns("infos").add_column("infos", infos, feature=ds.features["infos"])
-
-    return variant(scripted, tokenizer, tmp_path_factory.mktemp("deep") / "deep", change)
+    return variant(scripted, tokenizer, tmp_path_factory.mktemp("deep") / "deep", deep_infos)
 
 
 def test_deeply_nested_infos_are_shown_as_text(deep, tmp_path):
@@ -171,18 +152,7 @@ def test_the_number_and_size_of_filters_are_bounded(scripted):
 # -- user columns named like built-in fields -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def shadowing(scripted, tokenizer, tmp_path_factory):
-    def change(ds):
-        for name, values in [
-            ("rewards", ["not", "the", "rewards"]),
-            ("mean_reward", [100.0, 200.0, 300.0]),
-            ("row", [7, 8, 9]),
-            ("env", ["x", "y", "z"]),
-            ("text", ["mine", "mine", "mine"]),
-        ]:
-            ds = ds.add_column(name, values)
-        return ds
-
-    return variant(scripted, tokenizer, tmp_path_factory.mktemp("shadow") / "shadow", change)
+    return variant(scripted, tokenizer, tmp_path_factory.mktemp("shadow") / "shadow", shadowing_columns)
 
 
 def test_a_user_column_named_like_a_built_in_field_cannot_replace_it(shadowing, tmp_path):

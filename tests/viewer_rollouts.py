@@ -67,3 +67,60 @@ def tool_rollouts(tokenizer, path: Path, cache: Path) -> Path:
         tasks, ScriptedAgent(_calculator_reply), 1, tokenizer=tokenizer, cache_dir=cache, progress=False
     )
     return save(ds, tokenizer, path, "scripted")
+
+
+# -- datasets at the viewer's edges (tests/test_viewer_edges.py, tests/test_viewer_browser.py) ---------------------
+ALIAS_BOMB = "".join(
+    f"{name}: &{name} [{', '.join([f'*{prev}'] * 9 if prev else ['lol'] * 9)}]\n"
+    for prev, name in zip(["", "a", "b", "c", "d", "e"], ["a", "b", "c", "d", "e", "tags"])
+)
+"""Six lines of YAML (about 200 bytes) whose ``tags`` stand for 9**6 = 531441 strings."""
+UNPARSED = "[" * 100_000
+"""``infos`` text that json cannot parse (it recurses per level)."""
+TOO_DEEP = "[" * 5_000 + "]" * 5_000
+"""Valid JSON nested deeper than json parses."""
+DEEP_OK = json.dumps(json.loads("[" * 80 + "1" + "]" * 80))
+"""Valid JSON that json parses, nested deeper than the API answers as values (MAX_JSON_DEPTH)."""
+SHADOWING = {
+    "rewards": ["not", "the", "rewards"],
+    "mean_reward": [100.0, 200.0, 300.0],
+    "row": [7, 8, 9],
+    "env": ["x", "y", "z"],
+    "text": ["mine", "mine", "mine"],
+}
+"""User columns named like the task table's own fields, for the 3 scripted tasks."""
+
+
+def with_alias_bomb(rollouts: Path, folder: Path) -> Path:
+    """``rollouts`` (a saved folder) seen through ``folder``: the same files (linked), its card's YAML header opened
+    by :data:`ALIAS_BOMB`."""
+    folder.mkdir(parents=True)
+    for item in rollouts.iterdir():
+        if item.name != "README.md":
+            (folder / item.name).symlink_to(item)
+    card = (rollouts / "README.md").read_text()
+    assert card.startswith("---\n")
+    (folder / "README.md").write_text("---\n" + ALIAS_BOMB + card[4:])
+    return folder
+
+
+def deep_infos(ds):
+    """``ds`` with row 0's infos :data:`UNPARSED` and :data:`TOO_DEEP`, row 1's first :data:`DEEP_OK`."""
+    infos = list(ds["infos"])
+    infos[0] = [UNPARSED, TOO_DEEP]
+    infos[1][0] = DEEP_OK
+    return ds.remove_columns("infos").add_column("infos", infos, feature=ds.features["infos"])
+
+
+def shadowing_columns(ds):
+    """``ds`` with the user columns of :data:`SHADOWING`."""
+    for name, values in SHADOWING.items():
+        ds = ds.add_column(name, values)
+    return ds
+
+
+def variant(rollouts: Path, tokenizer, path: Path, change) -> Path:
+    """A copy of the saved ``rollouts``, ``change``d (a function of the Dataset) and saved as generate saves them."""
+    from datasets import load_from_disk
+
+    return save(change(load_from_disk(str(rollouts))), tokenizer, path, "scripted")
