@@ -76,6 +76,41 @@ def test_a_card_whose_yaml_uses_aliases_is_refused_with_a_message(scripted, tmp_
         assert summary["card"]["settings"][0] == ["model", "scripted"]  # the body's provenance is still read
 
 
+def hub_cache(root: Path, repo_id: str, files: dict[str, str]) -> Path:
+    """A Hugging Face Hub cache holding one snapshot of dataset ``repo_id`` with ``files`` (what a download left)."""
+    repo = root / f"datasets--{repo_id.replace('/', '--')}"
+    commit = "1" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    for name, text in files.items():
+        (repo / "snapshots" / commit / name).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({"README.md": "---\n" + ALIAS_BOMB + "---\nbody"}, "the card's YAML header uses an alias"),
+        ({"README.md": "---\nlicense: mit\n---\n", ".huggingface.yaml": ALIAS_BOMB}, "its .huggingface.yaml uses"),
+    ],
+)
+def test_a_hub_dataset_whose_card_uses_aliases_is_not_opened(files, message, tmp_path, monkeypatch, capsys):
+    """Was: a Hub id went straight to ``load_dataset``, which reads the card's YAML (and ``.huggingface.yaml``) with
+    ``yaml.safe_load`` and builds its configs from it. The card comes through the real ``hf_hub_download``, from the
+    Hub's cache (offline: the network is the one part not run)."""
+    from huggingface_hub import constants
+
+    from hf_rollouts.cli import main
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache(tmp_path, "someone/bomb", files)))
+    with pytest.raises(CardHeaderError, match=f"someone/bomb was not opened: {message}"):
+        open_rollouts("someone/bomb")
+    assert main(["view", "someone/bomb", "--html", str(tmp_path / "page.html")]) == 2
+    assert f"error: someone/bomb was not opened: {message}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "header, message",
     [

@@ -26,6 +26,10 @@ class CardHeaderError(ValueError):
     YAML."""
 
 
+HEADER = re.compile(r"\A---[ \t]*\r?\n(.*?)^---[ \t]*$", re.S | re.M)
+"""A card's YAML header: between a first line ``---`` and the next line ``---`` (as huggingface_hub reads it)."""
+
+
 class _NoAliasLoader(yaml.SafeLoader):
     """PyYAML's safe loader that refuses aliases (and with them merge keys, ``<<: *name``) and deep nesting."""
 
@@ -33,32 +37,43 @@ class _NoAliasLoader(yaml.SafeLoader):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise CardHeaderError(
-                f"the card's YAML header uses an alias (*{event.anchor}, line {event.start_mark.line + 1}); the viewer "
-                "reads no YAML aliases (a few of them can stand for millions of nodes). Write the values out."
+                f"{self.what} uses an alias (*{event.anchor}, line {event.start_mark.line + 1 + self.first_line}); "
+                "the viewer reads no YAML aliases (a few of them can stand for millions of nodes); write the values "
+                "out."
             )
-        self._depth = getattr(self, "_depth", 0) + 1
+        self.nesting = getattr(self, "nesting", 0) + 1
         try:
-            if self._depth > MAX_DEPTH:
-                raise CardHeaderError(f"the card's YAML header is nested deeper than {MAX_DEPTH} levels")
+            if self.nesting > MAX_DEPTH:
+                raise CardHeaderError(f"{self.what} is nested deeper than {MAX_DEPTH} levels")
             return super().compose_node(parent, index)
         finally:
-            self._depth -= 1
+            self.nesting -= 1
+
+
+def load_yaml(text: str, what: str = "the YAML", first_line: int = 0) -> Any:
+    """``text`` read as YAML by a safe loader that refuses aliases, nesting deeper than :data:`MAX_DEPTH` and text
+    longer than :data:`MAX_HEADER_CHARS` (:class:`CardHeaderError` naming ``what``; lines counted from
+    ``first_line`` + 1)."""
+    if len(text) > MAX_HEADER_CHARS:
+        raise CardHeaderError(f"{what} is {len(text)} characters; the viewer reads at most {MAX_HEADER_CHARS}")
+    loader = _NoAliasLoader(text)
+    loader.what, loader.first_line = what, first_line
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as exc:
+        raise CardHeaderError(f"{what} is not YAML: {str(exc).splitlines()[0]}") from None
+    finally:
+        loader.dispose()
 
 
 def read_card_header(card: str) -> dict[str, Any]:
-    """The YAML header of ``card`` (the text between its first two ``---`` lines) as a dict (empty: none);
+    """The YAML header of ``card`` (between its first line ``---`` and the next line ``---``) as a dict (empty: none);
     :class:`CardHeaderError` for one that uses aliases, is nested deeper than :data:`MAX_DEPTH`, is larger than
     :data:`MAX_HEADER_CHARS`, is not YAML or is not a mapping."""
-    if not card.startswith("---"):
+    match = HEADER.match(card)
+    if match is None:
         return {}
-    text = card.split("---", 2)[1]
-    if len(text) > MAX_HEADER_CHARS:
-        raise CardHeaderError(f"the card's YAML header is {len(text)} characters; the viewer reads at most "
-                              f"{MAX_HEADER_CHARS}")  # fmt: skip
-    try:
-        header = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 (a SafeLoader, aliases refused)
-    except yaml.YAMLError as exc:
-        raise CardHeaderError(f"the card's YAML header is not YAML: {str(exc).splitlines()[0]}") from None
+    header = load_yaml(match[1], "the card's YAML header", first_line=1)
     if header is None:
         return {}
     if not isinstance(header, dict):
@@ -87,4 +102,4 @@ def card_provenance(card: str | None) -> dict[str, Any]:
     return out
 
 
-__all__ = ["MAX_DEPTH", "MAX_HEADER_CHARS", "CardHeaderError", "card_provenance", "read_card_header"]
+__all__ = ["MAX_DEPTH", "MAX_HEADER_CHARS", "CardHeaderError", "card_provenance", "load_yaml", "read_card_header"]

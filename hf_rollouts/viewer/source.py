@@ -23,6 +23,7 @@ from datasets import Dataset, concatenate_datasets
 
 from ..schema import JSON_COLUMNS, ROLLOUT_COLUMNS, TASK_COLUMNS, require_columns
 from ..sources import load_dataset_source
+from .card import CardHeaderError, load_yaml, read_card_header
 
 SHARD_NAME = re.compile(r"^(?P<fingerprint>.+)-shard(?P<index>\d+)-of(?P<count>\d+)\.arrow$")
 """A shard cache file's name (:mod:`hf_rollouts.pipeline`)."""
@@ -95,10 +96,61 @@ def _find_tokenizer(folder: Path | None, tokenizer: Any, notes: list[str]) -> An
         return None
 
 
+MAX_CARD_BYTES = 5_000_000
+"""The largest ``README.md`` card the viewer reads (larger: shown without its card, with a note)."""
+
+
+def _read_card(path: Path, notes: list[str]) -> str | None:
+    size = path.stat().st_size
+    if size > MAX_CARD_BYTES:
+        notes.append(f"{path} is {size} bytes; the viewer reads cards of at most {MAX_CARD_BYTES} (shown without it)")
+        return None
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def _is_hub_id(source: Any) -> bool:
+    """Whether :func:`~hf_rollouts.sources.load_dataset_source` reads ``source`` from the Hub (``owner/name``)."""
+    if not isinstance(source, str) or Path(source).exists() or source.endswith(".parquet"):
+        return False
+    return not any(c in source for c in "*?[") and not source.startswith(("/", ".", "~")) and source.count("/") <= 1
+
+
+def _hub_card(repo_id: str) -> str | None:
+    """The card of Hub dataset ``repo_id``, its YAML header checked (:func:`~hf_rollouts.viewer.card.read_card_header`)
+    before ``datasets`` loads the dataset: ``load_dataset`` parses that header (and ``.huggingface.yaml``) with
+    ``yaml.safe_load`` and builds its configs from it, aliases and all. ``None`` where there is none to download (no
+    card, offline); :class:`~hf_rollouts.viewer.card.CardHeaderError` where the header is refused."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+
+    texts = []
+    for name in ("README.md", ".huggingface.yaml"):
+        try:
+            path = Path(hf_hub_download(repo_id, name, repo_type="dataset"))
+        except (EntryNotFoundError, HfHubHTTPError, OSError, ValueError):  # none, unreachable, offline: datasets says
+            texts.append(None)
+            continue
+        if path.stat().st_size > MAX_CARD_BYTES:
+            raise CardHeaderError(f"{repo_id}'s {name} is {path.stat().st_size} bytes; the viewer opens Hub datasets "
+                                  f"whose card is at most {MAX_CARD_BYTES}")  # fmt: skip
+        texts.append(path.read_text(encoding="utf-8", errors="replace"))
+    card, standalone = texts
+    try:
+        if card is not None:
+            read_card_header(card)
+        if standalone is not None:
+            load_yaml(standalone, "its .huggingface.yaml")
+    except CardHeaderError as exc:
+        raise CardHeaderError(
+            f"{repo_id} was not opened: {exc} (datasets reads that YAML to load the dataset)"
+        ) from None
+    return card
+
+
 def open_rollouts(source: Any, tokenizer: Any = None, split: str = "train") -> Opened:
     """Open ``source`` (see the module docstring) for viewing. ``tokenizer``: a tokenizer, or a path or Hub id to
     load one from; by default the ``tokenizer/`` folder that ``hf-rollouts generate`` saves beside the data."""
-    folder = None
+    folder, hub_card = None, None
     notes: list[str] = []
     if isinstance(source, (str, Path)) and Path(source).is_dir():
         folder = Path(source)
@@ -109,15 +161,16 @@ def open_rollouts(source: Any, tokenizer: Any = None, split: str = "train") -> O
         else:
             ds = load_dataset_source(folder, split)
     else:
+        hub_card = _hub_card(str(source)) if _is_hub_id(source) else None  # checked before datasets reads it
         ds = load_dataset_source(source, split)
         if isinstance(source, (str, Path)) and Path(source).is_file():
             folder = Path(source).parent.parent if Path(source).parent.name == "parquet" else Path(source).parent
     require_columns(ds, ("final_rewards", "statuses"))
     if getattr(ds, "_indices", None) is not None:  # a select/shuffle: the index reads the Arrow table directly
         ds = ds.flatten_indices()
-    card = None
+    card = hub_card
     if folder is not None and (folder / "README.md").is_file():
-        card = (folder / "README.md").read_text(encoding="utf-8")
+        card = _read_card(folder / "README.md", notes)
     label = str(source) if isinstance(source, (str, Path)) else f"in-memory dataset ({len(ds)} rows)"
     return Opened(ds, label, card, _find_tokenizer(folder, tokenizer, notes), notes)
 
