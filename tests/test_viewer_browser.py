@@ -74,6 +74,27 @@ def find(driver, css: str):
     return driver.find_elements(By.CSS_SELECTOR, css)
 
 
+def rows_listed(driver, expected: list[int], timeout: float = 20) -> list[int]:
+    """The task table's ``data-row`` values once they equal ``expected`` (or, after ``timeout``, as they are then).
+
+    The page re-renders the table after a filter or a sort arrives, so rows read right after a click can belong to
+    the previous render (a stale element under load): read them again until the new render is there."""
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def read(d):
+        try:
+            return [int(tr.get_attribute("data-row")) for tr in find(d, "#task-table tbody tr")]
+        except StaleElementReferenceException:
+            return None
+
+    try:
+        WebDriverWait(driver, timeout).until(lambda d: read(d) == expected)
+    except TimeoutException:
+        pass
+    return read(driver)
+
+
 def shown(value: float | None) -> str:
     """A number as the page prints it (fmt() in app.js)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -154,13 +175,13 @@ def test_sort_and_filter_with_the_controls(browser, model_server, data):
     browser.find_element("id", "filter-value").send_keys("hard")
     browser.find_element("id", "filter-add").click()
     wait_for(browser, ".filters .filter")
-    listed = [int(tr.get_attribute("data-row")) for tr in find(browser, "#task-table tbody tr")]
-    assert listed == [i for i, d in enumerate(ds["difficulty"]) if d == "hard"]
+    hard = [i for i, d in enumerate(ds["difficulty"]) if d == "hard"]
+    assert rows_listed(browser, hard) == hard
     find(browser, 'th[data-column="row"]')[0].click()
     wait_for(browser, 'th[data-column="row"]')
     browser.get(model_server.url + "#/tasks?sort=row&desc=1")
     wait_for(browser, "#task-table tbody tr")
-    assert [int(tr.get_attribute("data-row")) for tr in find(browser, "#task-table tbody tr")] == [2, 1, 0]
+    assert rows_listed(browser, [2, 1, 0]) == [2, 1, 0]
 
 
 @pytest.mark.parametrize("mode", ["server", "html"])
@@ -302,7 +323,7 @@ def test_user_columns_named_like_built_in_fields_keep_their_own_place(browser, d
         browser.find_element("id", "filter-value").send_keys("8")
         browser.find_element("id", "filter-add").click()
         wait_for(browser, ".filters .filter")
-        assert [int(tr.get_attribute("data-row")) for tr in find(browser, "#task-table tbody tr")] == [1, 2]
+        assert rows_listed(browser, [1, 2]) == [1, 2]
         browser.get(server.url)
         assert "your column 'rewards' is shown as 'user.rewards'" in wait_for(browser, "#run").text
 
