@@ -73,8 +73,9 @@ def integrity(
     recorded = data.get("row_hashes")
     shards = data.get("shards") or []
     out: list[Mismatch] = []
-    if data.get("columns") is not None and list(per_column) != list(data["columns"]):
-        out.append(Mismatch("columns", data["columns"], list(per_column)))
+    if data.get("columns") is not None and set(per_column) != set(data["columns"]):
+        gone, new = sorted(set(data["columns"]) - set(per_column)), sorted(set(per_column) - set(data["columns"]))
+        out.append(Mismatch("columns", gone, new, note="columns removed (stored) and added (found)"))
     if recorded is None:
         if data.get("rows") != len(rows):
             out.append(Mismatch("rows", data.get("rows"), len(rows), note="number of task rows"))

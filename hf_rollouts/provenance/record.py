@@ -81,7 +81,8 @@ def data_hashes(ds: Dataset, shard_rows: int) -> tuple[np.ndarray, dict[str, np.
     table = ds.with_format("arrow")[:] if ds._indices is not None else ds.data.table
     per_column = {name: column_hashes(table.column(name), name) for name in table.column_names}
     rows = np.zeros(table.num_rows, dtype=np.uint64)
-    for hashes in per_column.values():
+    for name in sorted(per_column):  # by name: a reordering of the columns alone changes no row's hash
+        hashes = per_column[name]
         with np.errstate(over="ignore"):
             rows = mix(rows * salt("row") + hashes)
     shards = []

@@ -2,7 +2,8 @@
 
 :class:`StoredTokensAgent` answers each request of a replayed episode with the stored agent tokens that follow the
 request's prompt in the stored sequence (one run of agent-mask tokens: one agent turn), so the env computes its
-messages, rewards and verdicts again from exactly what the agent said. That re-derives every reward with the
+messages, rewards and verdicts again from exactly what the agent said (the turn's text is the stored conversation's
+assistant message, what the env parsed). That re-derives every reward with the
 recorded verifier and every env token, and needs no model (``hf-rollouts verify --rewards-only``). A prompt that is
 not a prefix of the stored sequence means the env said something else than what was stored: the agent then raises
 :class:`ReplayDiverged`, which ends that episode as an ``error`` naming the position, and the comparison reports it.
@@ -27,12 +28,19 @@ class ReplayDiverged(RuntimeError):
 
 @dataclass(frozen=True)
 class StoredEpisode:
-    """One stored rollout, unpadded: its ids, agent mask and log-probs (``None``: none stored), cut turns."""
+    """One stored rollout, unpadded: its ids, agent mask and log-probs (``None``: none stored), cut turns, and the
+    text of each agent turn as the env parsed it (the conversation's assistant messages; ``None``: not stored)."""
 
     ids: list[int]
     agent_mask: list[int]
     logprobs: list[float] | None
     cut_turns: int
+    texts: list[str] | None = None
+
+    def turn_index(self, position: int) -> int:
+        """How many agent turns start before ``position``."""
+        mask = self.agent_mask
+        return sum(1 for i in range(min(position, len(mask))) if mask[i] and (i == 0 or not mask[i - 1]))
 
 
 def stored_episode(row: dict[str, Any], rollout: int) -> StoredEpisode:
@@ -40,11 +48,13 @@ def stored_episode(row: dict[str, Any], rollout: int) -> StoredEpisode:
     length = sum(row["padded_full_attention_mask"][rollout])
     logprobs = (row.get("padded_logprobs") or [None] * (rollout + 1))[rollout]
     cut = row.get("num_cut_turns")
+    chat = (row.get("conversations") or [None] * (rollout + 1))[rollout]
     return StoredEpisode(
         ids=list(row["padded_full_token_ids"][rollout][:length]),
         agent_mask=list(row["padded_agent_token_mask"][rollout][:length]),
         logprobs=None if logprobs is None else list(logprobs[:length]),
         cut_turns=int(cut[rollout]) if cut else 0,
+        texts=None if chat is None else [m["content"] for m in chat if m["role"] == "assistant"],
     )
 
 
@@ -92,7 +102,14 @@ class StoredTokensAgent(Agent):
         ids = episode.ids[n:end]
         logprobs = episode.logprobs[n:end] if episode.logprobs is not None else None
         cut = episode.cut_turns > 0 and len(ids) >= self.max_new_tokens
-        return Action(text=self.tokenizer.decode(ids), token_ids=ids, logprobs=logprobs, stopped=not cut)
+        turn = episode.turn_index(n)
+        texts = episode.texts
+        text = (
+            texts[turn]
+            if texts is not None and turn < len(texts)
+            else self.tokenizer.decode(ids, skip_special_tokens=True)
+        )
+        return Action(text=text, token_ids=ids, logprobs=logprobs, stopped=not cut)
 
     def fingerprint(self) -> dict[str, Any]:
         return {**self._identity(), "episodes": len(self.episodes)}
