@@ -269,3 +269,23 @@ def test_an_agent_that_cannot_replay_is_unverifiable_never_verified(saved, agent
     assert report.exit_code == 3 and report.verdict.startswith("UNVERIFIABLE")
     assert any("agent tokens" in u and "ScriptedAgent" in u for u in report.unverifiable)
     assert not report.mismatches  # the rewards were still re-derived from the stored tokens, and matched
+
+
+def test_row_hashes_depend_on_the_values_only(saved, monkeypatch):
+    """Not on the hashing block, an indices mapping, the column order or the Arrow chunks; but on every value."""
+    from datasets import concatenate_datasets
+
+    from hf_rollouts.provenance import record
+
+    ds = load_from_disk(str(saved))
+    rows, _, _ = record.data_hashes(ds, 3)
+    monkeypatch.setattr(record, "HASH_BLOCK_ROWS", 2)
+    assert (record.data_hashes(ds, 3)[0] == rows).all()
+    assert (record.data_hashes(ds.select([4, 3, 2, 1, 0]), 3)[0] == rows[::-1]).all()
+    assert (record.data_hashes(ds.select_columns(ds.column_names[::-1]), 3)[0] == rows).all()
+    chunked = concatenate_datasets([ds.select([0, 1]), ds.select([2, 3, 4])]).flatten_indices()
+    assert (record.data_hashes(chunked, 3)[0] == rows).all()
+    assert len(set(rows.tolist())) == ROWS
+    nan = edit_cell("final_rewards", 1, lambda v: [float("nan"), *v[1:]])(ds)
+    changed = record.data_hashes(nan, 3)[0] != rows
+    assert changed.tolist() == [False, True, False, False, False]

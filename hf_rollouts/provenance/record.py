@@ -39,6 +39,8 @@ FILE = "provenance.json"
 """The provenance file beside the data in a :func:`~hf_rollouts.publish.save_rollouts` directory."""
 DEFAULT_SHARD_ROWS = 64
 """Rows per shard digest when the run record gives no shard size (the pipeline's default ``shard_size``)."""
+HASH_BLOCK_ROWS = 2048
+"""Rows hashed at a time (the hashes do not depend on it: each row's hash is its own)."""
 MAX_DIGESTS = 256
 """At most this many shard digests: past ``MAX_DIGESTS`` run shards, one digest covers several consecutive shards
 (so that a card of a million episodes stays small)."""
@@ -78,16 +80,20 @@ def column_digest(hashes: np.ndarray) -> str:
 def data_hashes(ds: Dataset, shard_rows: int) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, Any]]:
     """``(row hashes, per-column row hashes, data block)`` of ``ds``: each row's hash and, per shard of
     ``shard_rows`` rows, the digest of its row hashes and of each column's values (:func:`column_digest`)."""
-    table = ds.with_format("arrow")[:] if ds._indices is not None else ds.data.table
-    per_column = {name: column_hashes(table.column(name), name) for name in table.column_names}
-    rows = np.zeros(table.num_rows, dtype=np.uint64)
+    arrow, n = ds.with_format("arrow"), len(ds)
+    per_column = {name: np.zeros(n, dtype=np.uint64) for name in ds.column_names}
+    for start in range(0, n, HASH_BLOCK_ROWS):  # a block at a time: memory bounded by a block, not the dataset
+        block = arrow[start : start + HASH_BLOCK_ROWS]
+        for name in ds.column_names:
+            per_column[name][start : start + block.num_rows] = column_hashes(block.column(name), name)
+    rows = np.zeros(n, dtype=np.uint64)
     for name in sorted(per_column):  # by name: a reordering of the columns alone changes no row's hash
         hashes = per_column[name]
         with np.errstate(over="ignore"):
             rows = mix(rows * salt("row") + hashes)
     shards = []
-    for start in range(0, table.num_rows, shard_rows):
-        stop = min(start + shard_rows, table.num_rows)
+    for start in range(0, n, shard_rows):
+        stop = min(start + shard_rows, n)
         shards.append(
             {
                 "rows": [start, stop],
@@ -98,7 +104,7 @@ def data_hashes(ds: Dataset, shard_rows: int) -> tuple[np.ndarray, dict[str, np.
     return (
         rows,
         per_column,
-        {"rows": table.num_rows, "columns": table.column_names, "shard_size": shard_rows, "shards": shards},
+        {"rows": n, "columns": list(ds.column_names), "shard_size": shard_rows, "shards": shards},
     )
 
 

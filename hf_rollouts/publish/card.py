@@ -43,7 +43,6 @@ GUIDES = {
     "training": "guides/training.md",
     "columns": "concepts/rollout-columns.md",
     "reproducibility": "guides/reproducibility.md",
-    "verify": "guides/reproducibility.md#check-a-rollout-dataset",
 }
 """The docs pages a card links, as paths under ``docs/`` (tests/test_docs.py checks each exists)."""
 
@@ -51,9 +50,11 @@ GUIDES = {
 def page_url(page: str) -> str:
     """The site address of the docs page ``page`` (a path under ``docs/``, e.g. ``guides/training.md``), as mkdocs
     publishes it (one folder per page)."""
-    page, _, anchor = page.partition("#")
-    url = DOCS + page.removesuffix(".md").removesuffix("index") + ("" if page.endswith("index.md") else "/")
-    return url + (f"#{anchor}" if anchor else "")
+    return DOCS + page.removesuffix(".md").removesuffix("index") + ("" if page.endswith("index.md") else "/")
+
+
+VERIFY_SECTION = "#check-a-rollout-dataset"
+"""The anchor of the section "Check a rollout dataset" in the reproducibility guide (tests/test_site.py builds it)."""
 
 
 MAX_SHOWN_VALUES = 4
@@ -256,6 +257,7 @@ def render_card(
         pad_token_id=pad_token_id,
         plain_load=plain,
         guides={name: page_url(page) for name, page in GUIDES.items()},
+        verify_guide=page_url(GUIDES["reproducibility"]) + VERIFY_SECTION,
         docs=DOCS,
         repository=REPOSITORY,
     )
