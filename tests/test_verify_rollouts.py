@@ -289,3 +289,23 @@ def test_row_hashes_depend_on_the_values_only(saved, monkeypatch):
     nan = edit_cell("final_rewards", 1, lambda v: [float("nan"), *v[1:]])(ds)
     changed = record.data_hashes(nan, 3)[0] != rows
     assert changed.tolist() == [False, True, False, False, False]
+
+
+def test_a_judge_that_samples_is_unverifiable(saved, agent, tmp_path):
+    from hf_rollouts.provenance.record import verifier_specs
+
+    judge = {"name": "judge", "model": "tiny", "temperature": 0.7}
+    served = {"name": "judge", "model": "openai:http://127.0.0.1:9/v1#m"}
+    configs = {"E": {"verifier": [judge, "exact"]}, "F": {}, "G": {"verifier": served}, "H": {"verifier": "exact"}}
+    run = {"envs": [{"class": c, "config": config} for c, config in configs.items()]}
+    specs = verifier_specs(run)
+    assert [(v["env"], v["replayable"]) for v in specs] == [("E", False), ("G", False), ("H", True)]
+    assert "temperature 0.7" in specs[0]["why"] and "server" in specs[1]["why"]
+    # recorded so: the rewards of that env are reported unverifiable and never compared as if verified
+    path = tampered(saved, tmp_path, edit_cell("final_rewards", 3, lambda v: [v[0] + 1.0, *v[1:]]))
+    prov = json.loads((path / FILE).read_text())
+    prov["verifiers"][0].update(replayable=False, why="a judge samples with temperature 0.7")
+    (path / FILE).write_text(json.dumps(prov))
+    report = report_of(path, agent, sample=ROWS)
+    assert any("rewards of" in u and "temperature 0.7" in u for u in report.unverifiable)
+    assert [m.field.split(" (")[0] for m in report.mismatches] == ["row hash"]  # the edit, found by its hash only

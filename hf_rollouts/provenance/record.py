@@ -50,7 +50,7 @@ class ProvenanceError(ValueError):
     """A provenance block that cannot be read (not JSON, another format)."""
 
 
-def _verifier_specs(run: dict[str, Any] | None) -> list[dict[str, Any]]:
+def verifier_specs(run: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Per env of the run with a ``verifier`` in its config: the specs, and whether re-scoring replays them (a judge
     that samples with a temperature, or one behind a server, does not)."""
     out = []
@@ -116,7 +116,7 @@ def build_provenance(ds: Dataset) -> dict[str, Any]:
     rows, _, data = data_hashes(ds, shard_rows)
     data["row_hashes"] = to_hex(rows)
     return scrub(
-        {"format": FORMAT, "saved_with": __version__, "run": run, "verifiers": _verifier_specs(run), "data": data}
+        {"format": FORMAT, "saved_with": __version__, "run": run, "verifiers": verifier_specs(run), "data": data}
     )
 
 
@@ -183,5 +183,6 @@ __all__ = [
     "column_digest",
     "data_hashes",
     "read_provenance",
+    "verifier_specs",
     "write_provenance",
 ]
