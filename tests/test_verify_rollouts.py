@@ -309,3 +309,13 @@ def test_a_judge_that_samples_is_unverifiable(saved, agent, tmp_path):
     report = report_of(path, agent, sample=ROWS)
     assert any("rewards of" in u and "temperature 0.7" in u for u in report.unverifiable)
     assert [m.field.split(" (")[0] for m in report.mismatches] == ["row hash"]  # the edit, found by its hash only
+
+
+def test_from_the_card_alone_an_edit_is_named_by_shard_and_column(saved, agent, tmp_path):
+    """A Hub copy whose provenance.json is gone: the card's block (no per-row hashes) still names the shard and the
+    column that changed."""
+    path = tampered(saved, tmp_path, edit_cell("final_rewards", 3, lambda v: [v[0] + 1.0, *v[1:]]))
+    (path / FILE).unlink()
+    assert "row_hashes" not in read_provenance(path)["data"]
+    report = report_of(path, agent, sample=0)
+    assert [m.field for m in report.mismatches] == ["shard rows [3, 5) columns ['final_rewards']"]

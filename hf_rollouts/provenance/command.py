@@ -7,6 +7,7 @@ one-line verdict. Exit code 0: verified; 1: a mismatch; 3: nothing wrong found b
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,7 @@ def recorded_agent(provenance: dict[str, Any], model: str | None) -> Any:
     spec = model or agent.get("spec")
     if not spec:
         raise ValueError("the provenance records no load_agent spec: give --model.")
+    spec = os.path.expanduser(spec)  # a recorded path under the home directory is written from ~
     settings = dict(agent.get("sampling") or {})
     own = {k: settings.pop(k) for k in ("seed", "backend", "reuse_kv", "cache") if k in settings}
     return load_agent(spec, SamplingConfig(**settings), **own)

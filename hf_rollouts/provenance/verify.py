@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -191,8 +191,8 @@ def _check_envs(report: VerifyReport, run: dict[str, Any], envs: EnvCache) -> No
                 report.mismatches.append(
                     Mismatch(f"env source {module}", a and a[:16], b and b[:16], note=f"{path}: another source file")
                 )
-        report.mismatches += compare_records(f"env {path}", {"fp": recorded.get("fingerprint")},
-                                             {"fp": scrub(env.fingerprint())}, ["fp"])  # fmt: skip
+        recorded_fp, found_fp = {"fingerprint": recorded.get("fingerprint")}, {"fingerprint": scrub(env.fingerprint())}
+        report.mismatches += compare_records(f"env {path}", recorded_fp, found_fp, ["fingerprint"])
     report.checked.append(f"{len(run.get('envs', []))} env source(s)")
 
 
@@ -217,8 +217,8 @@ def _replay(
     stored = ds.select(picked)
     stored_rows = [stored[k] for k in range(len(stored))]
     run_ids = [origin[j] for j in picked]
-    options = dict(run.get("options") or {})
-    opts = RolloutOptions(**options)
+    known = {f.name for f in fields(RolloutOptions)}  # a field of another version's options is left out
+    opts = RolloutOptions(**{k: v for k, v in (run.get("options") or {}).items() if k in known})
     if rewards_only:
         episodes = {
             (i, r): stored_episode(row, r) for i, row in zip(run_ids, stored_rows) for r in range(opts.num_rollouts)
