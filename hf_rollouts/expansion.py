@@ -104,6 +104,10 @@ class EnvCache:
     def fingerprints(self) -> dict[str, Any]:
         return {f"{path}|{config}": env.fingerprint() for (path, config), env in sorted(self._envs.items())}
 
+    def items(self) -> list[tuple[tuple[str, str], MultistepEnv]]:
+        """``((class path, canonical config JSON), env)`` of every env built so far, sorted."""
+        return sorted(self._envs.items(), key=lambda item: item[0])
+
     def get(self, path: str, config: dict[str, Any] | str) -> MultistepEnv:
         config = decode_task_value(config, "env_config")  # a dict, or a task row's stored JSON text
         key = (path, canonical(config))

@@ -82,6 +82,7 @@ from .expansion import (
 )
 from .fingerprint import rollout_fingerprint
 from .paths import rollout_cache_dir
+from .run_record import run_record, with_run_record
 from .schema import ROLLOUT_FEATURES, TASK_COLUMNS, TaskValidationError, as_task_dataset, decode_task_columns
 from .shard_cache import ShardCacheError
 from .shard_task import RolloutShardTask
@@ -194,7 +195,18 @@ def generate_rollouts(
         task, reuse=load_from_cache_file, progress=progress
     )
     table = concat_tables([shard.load() for shard in task.plan.shards])  # one Dataset over every shard's memory map
-    return Dataset(table, info=DatasetInfo(features=features), fingerprint=f"{fingerprint}-all")
+    ds = Dataset(table, info=DatasetInfo(features=features), fingerprint=f"{fingerprint}-all")
+    record = run_record(
+        agent=agent if agent is not None else task.agent,
+        agent_fingerprint=agent_fingerprint,
+        recipe=recipe,
+        tokenizer=tokenizer,
+        opts=opts,
+        envs=envs,
+        fingerprint=fingerprint,
+        num_tasks=len(tasks),
+    )
+    return with_run_record(ds, record)  # what made the rows, for the provenance of a save (hf_rollouts.provenance)
 
 
 def _agent_or_recipe(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from datasets import Dataset
-from huggingface_hub import DatasetCard
+from huggingface_hub import DatasetCard, HfApi
 
 from hf_rollouts.cli import main
 from hf_rollouts.publish import push_rollouts
@@ -18,8 +20,12 @@ def record_pushes(monkeypatch):
     def card_push(self, repo_id, **kwargs):
         calls.append(("card", repo_id, kwargs, str(self)))
 
+    def file_upload(self, **kwargs):
+        calls.append(("file", kwargs["repo_id"], kwargs, kwargs["path_in_repo"], kwargs["path_or_fileobj"]))
+
     monkeypatch.setattr(Dataset, "push_to_hub", data_push)
     monkeypatch.setattr(DatasetCard, "push_to_hub", card_push)
+    monkeypatch.setattr(HfApi, "upload_file", file_upload)
     return calls
 
 
@@ -31,10 +37,15 @@ def test_push_sends_data_then_card(monkeypatch):
     assert url == "https://huggingface.co/datasets/me/rollouts"
     assert [c[0] for c in calls] == [
         "data",
+        "file",
         "card",
     ]  # the card body must come last, or push_to_hub's README rewrite wins
     assert calls[0][2]["private"] is True and calls[0][2]["token"] == "t"
-    assert calls[1][2]["repo_type"] == "dataset" and "# body" in calls[1][3]
+    assert calls[1][3] == "provenance.json" and calls[1][2]["repo_type"] == "dataset"
+    provenance = json.loads(calls[1][4])
+    assert provenance["run"] is None and len(provenance["data"]["row_hashes"]) == 2  # not made by generate_rollouts
+    assert calls[2][2]["repo_type"] == "dataset" and "# body" in calls[2][3]
+    assert "hf_rollouts_provenance:" in calls[2][3]  # the card carries the block (without the per-row hashes)
 
 
 def test_cli_generate_pushes_with_the_card(monkeypatch, tmp_path, capsys):
@@ -60,7 +71,8 @@ def test_cli_generate_pushes_with_the_card(monkeypatch, tmp_path, capsys):
         ]
     )
     assert rc == 0 and "pushed to https://huggingface.co/datasets/me/gn" in capsys.readouterr().out
-    (data, repo, kwargs, rows, columns), card = calls[0], calls[1]
+    (data, repo, kwargs, rows, columns), card = calls[0], calls[2]
+    assert json.loads(calls[1][4])["run"]["agent"]["spec"] == "tiny"
     assert (data, repo, rows, kwargs["private"]) == ("data", "me/gn", 2, True) and "padded_full_token_ids" in columns
     assert card[0] == "card" and 'load_dataset("me/gn"' in card[3] and "GuessNumberEnv" in card[3]
 

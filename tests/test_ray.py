@@ -146,6 +146,28 @@ def test_ray_equals_local_and_runs_resume_across_executors(cluster, tasks, tmp_p
     assert resumed.to_list() == local.to_list()
 
 
+def test_ray_rows_equal_local_rows_at_any_thread_count_within_the_stated_tolerance(cluster, tasks, tmp_path):
+    """A local run at this process's torch thread count (not the workers' one thread) against a Ray run of 2 workers,
+    field by field: every column equal but ``padded_logprobs``, which may differ in the last bits (other reductions)
+    and stays within ``verify``'s LOGPROB_TOLERANCE; the Ray run's saved rows verify against the local agent."""
+    import numpy as np
+
+    from hf_rollouts.provenance import LOGPROB_TOLERANCE, verify_rollouts
+    from hf_rollouts.publish import save_rollouts
+
+    agent = load_agent("tiny", SamplingConfig(temperature=1.0, max_new_tokens=8))
+    local = run(tasks, agent, tmp_path / "local", LocalExecutor())
+    remote = run(tasks, agent, tmp_path / "ray", RayExecutor(num_workers=2))
+    for column in local.column_names:
+        if column != "padded_logprobs":
+            assert remote[column] == local[column], column
+    for a, b in zip(local["padded_logprobs"], remote["padded_logprobs"]):
+        for x, y in zip(a, b):
+            assert len(x) == len(y) and np.abs(np.array(x) - np.array(y)).max() <= LOGPROB_TOLERANCE
+    report = verify_rollouts(save_rollouts(remote, tmp_path / "saved"), agent, sample=len(tasks))
+    assert report.exit_code == 0, report.text()
+
+
 def test_a_killed_worker_loses_only_its_shard(cluster, tasks, tokenizer, tmp_path, commits):
     reference = run(tasks, ScriptedAgent(SCRIPT), tmp_path / "ref", LocalExecutor(), tokenizer=tokenizer)
     commits.clear()

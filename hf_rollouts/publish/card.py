@@ -26,6 +26,7 @@ from huggingface_hub import DatasetCard, DatasetCardData
 from .._version import __version__
 from ..envs.base import MultistepEnv
 from ..envs.registry import class_path, resolve_env_class
+from ..provenance.record import CARD_KEY, build_provenance, card_block
 from ..schema import COLUMN_HELP, LOGPROB_CONVENTION_KEY, TaskValidationError
 from ..task_json import decode_task_value
 from .stats import compute_stats
@@ -50,6 +51,10 @@ def page_url(page: str) -> str:
     """The site address of the docs page ``page`` (a path under ``docs/``, e.g. ``guides/training.md``), as mkdocs
     publishes it (one folder per page)."""
     return DOCS + page.removesuffix(".md").removesuffix("index") + ("" if page.endswith("index.md") else "/")
+
+
+VERIFY_SECTION = "#check-a-rollout-dataset"
+"""The anchor of the section "Check a rollout dataset" in the reproducibility guide (tests/test_site.py builds it)."""
 
 
 MAX_SHOWN_VALUES = 4
@@ -140,6 +145,48 @@ def _solved_rule(path: str, config: dict[str, Any]) -> str:
     return "its `info['solved']` only (no max_reward declared)"
 
 
+def provenance_rows(provenance: dict[str, Any]) -> list[tuple[str, str]]:
+    """The card's *Provenance* table: one ``(what, value)`` per recorded fact; empty without a run record."""
+    run = provenance.get("run")
+    if not run:
+        return []
+    agent, tok = run.get("agent") or {}, run.get("tokenizer") or {}
+    rows = [
+        ("hf_rollouts", _code(str(run.get("hf_rollouts")))),
+        ("agent", _code(f"{agent.get('model')} ({agent.get('class')})")),
+        ("revision", _code(str(agent.get("revision") or "not known"))),
+        ("weights probe", _code(str(agent.get("weights_probe")))),
+        ("dtype, backend", _code(f"{agent.get('dtype')}, {agent.get('backend')}")),
+        ("sampling", _code(json.dumps(agent.get("sampling"), sort_keys=True), 200)),
+        ("log-prob convention", _code(json.dumps(agent.get("logprob_convention"), sort_keys=True))),
+        ("chat template", _code(f"{tok.get('chat_template_family')}, sha256 {str(tok.get('chat_template_sha256'))}")),
+        ("tokenizer fingerprint", _code(str(tok.get("fingerprint")))),
+    ]
+    for env in run.get("envs", []):
+        sources = ", ".join(f"{m} {h[:12]}" for m, h in sorted((env.get("source_files") or {}).items()))
+        rows.append(
+            (
+                f"env {_code(env['class'].rsplit('.', 1)[-1])}",
+                _cell(f"config {_code(json.dumps(env.get('config'), sort_keys=True), 120)}; sources {sources}"),
+            )
+        )  # noqa: E501
+    for v in provenance.get("verifiers", []):
+        note = "" if v.get("replayable") else f" (not replayable: {v.get('why')})"
+        rows.append((f"verifier of {_code(v['env'].rsplit('.', 1)[-1])}", _code(json.dumps(v["specs"]), 160) + note))
+    seeds = run.get("seeds") or {}
+    rows.append(("seeds", _cell(f"run seed {seeds.get('run_seed')}; {seeds.get('rule')}")))
+    shards, data = run.get("shards") or {}, provenance.get("data") or {}
+    rows.append(("run fingerprint", _code(str(run.get("run_fingerprint")))))
+    rows.append(
+        (
+            "shards",
+            f"{shards.get('num_shards')} of {shards.get('shard_size')} task rows; {len(data.get('shards', []))} "
+            f"digests of {data.get('shard_size')} rows each in the YAML block",
+        )
+    )
+    return rows
+
+
 def render_card(
     ds: Dataset,
     *,
@@ -151,13 +198,18 @@ def render_card(
     license: str = "apache-2.0",
     run_options: dict[str, Any] | None = None,
     executor_report: Any = None,
+    provenance: dict[str, Any] | None = None,
 ) -> DatasetCard:
     """Render the card of rollout dataset ``ds`` (use ``card.save(path)`` or ``card.push_to_hub(repo_id)``).
 
     ``run_options``: the run's other settings (:class:`~hf_rollouts.pipeline.RolloutOptions` as a dict, e.g.
     ``batch_size``, ``env_workers``, time limits), shown beside the seed. ``executor_report``: what the executor did
-    (:class:`~hf_rollouts.executors.RunReport`: shards run, reused, retried), shown in a section of its own."""
+    (:class:`~hf_rollouts.executors.RunReport`: shards run, reused, retried), shown in a section of its own.
+    ``provenance``: the dataset's :func:`~hf_rollouts.provenance.build_provenance` (default: built from ``ds``), put
+    in the YAML metadata (:data:`~hf_rollouts.provenance.CARD_KEY`, without per-row hashes) and summed up in the
+    *Provenance* section (:func:`provenance_rows`)."""
     stats = compute_stats(ds)
+    provenance = provenance if provenance is not None else build_provenance(ds)
     configs: Counter[tuple[str, str]] = Counter(
         (p, json.dumps(decode_task_value(c), sort_keys=True)) for p, c in zip(ds["env_class_path"], ds["env_config"])
     )
@@ -169,6 +221,7 @@ def render_card(
         tags=["hf_rollouts", "rl", "multi-turn", "rollouts", "grpo", *[n.lower() for n in env_names]],
         size_categories="n<1K" if len(ds) < 1000 else "1K<n<10K" if len(ds) < 10000 else "10K<n<100K",
         **({LOGPROB_CONVENTION_KEY: agent_info["logprob_convention"]} if agent_info.get("logprob_convention") else {}),
+        **{CARD_KEY: card_block(provenance)},
     )
     is_hub = not (load_path.startswith("/") or load_path.startswith("."))
     plain = (
@@ -194,6 +247,7 @@ def render_card(
                 (p.rsplit(".", 1)[-1], _solved_rule(p, json.loads(c))) for p, c in sorted(configs)
             )
         ],
+        provenance=provenance_rows(provenance),
         executor=[(k, _cell(v)) for k, v in executor_report.rows()] if executor_report is not None else None,
         columns=[
             {"name": n, "type": repr(f).replace("|", "\\|"), "help": COLUMN_HELP.get(n, "")}
@@ -203,6 +257,7 @@ def render_card(
         pad_token_id=pad_token_id,
         plain_load=plain,
         guides={name: page_url(page) for name, page in GUIDES.items()},
+        verify_guide=page_url(GUIDES["reproducibility"]) + VERIFY_SECTION,
         docs=DOCS,
         repository=REPOSITORY,
     )

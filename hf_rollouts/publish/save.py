@@ -3,11 +3,12 @@
 Disk layout of ``save_rollouts(ds, DIR, card)``::
 
     DIR/                 ``datasets.load_from_disk(DIR)``
-    DIR/README.md        the dataset card
+    DIR/README.md        the dataset card (its YAML carries the provenance block, without per-row hashes)
+    DIR/provenance.json  what made the rows and every row's hash (:mod:`hf_rollouts.provenance`)
     DIR/parquet/train-00000-of-00001.parquet
                          ``load_dataset("parquet", data_files="DIR/parquet/*.parquet")``
 
-The Hub push uploads the data first and the card body second, because
+The Hub push uploads the data first, ``provenance.json`` second and the card body last, because
 ``Dataset.push_to_hub`` rewrites only the YAML header of an existing README.
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from datasets import Dataset
 from huggingface_hub import DatasetCard
 
+from ..provenance.record import CARD_KEY, FILE, build_provenance, card_block, write_provenance
 from ..schema import as_task_dataset
 
 PARQUET_DIR = "parquet"
@@ -55,6 +57,7 @@ OUTPUT_FILES = (
     r"dataset_info\.json",
     r"data-\d{5}-of-\d{5}\.arrow",
     r"README\.md",
+    r"provenance\.json",
     rf"{PARQUET_DIR}/{re.escape(PARQUET_FILE)}",
     rf"{TOKENIZER_DIR}/(?:{'|'.join(map(re.escape, TOKENIZER_FILES))})",
     rf"{TOKENIZER_DIR}/additional_chat_templates/[^/]+\.jinja",
@@ -183,7 +186,9 @@ def save_rollouts(
     logprob_dtype: str = "float32",
     overwrite: bool = False,
 ) -> Path:
-    """Write ``ds`` with ``save_to_disk`` and as parquet, plus ``README.md`` when a card is given.
+    """Write ``ds`` with ``save_to_disk`` and as parquet, its provenance (``provenance.json``:
+    :func:`~hf_rollouts.provenance.build_provenance` of the rows as written), plus ``README.md`` when a card is
+    given (its provenance block set to the same record).
 
     ``output_dir`` must be new or empty; ``overwrite=True`` first removes an earlier
     hf-rollouts output there (see :func:`check_output_dir`). ``logprob_dtype="float16"``
@@ -197,7 +202,10 @@ def save_rollouts(
     ds.save_to_disk(str(out))
     (out / PARQUET_DIR).mkdir(exist_ok=True)
     write_parquet(ds, out / PARQUET_DIR / PARQUET_FILE)
+    provenance = build_provenance(ds)
+    write_provenance(out, provenance)
     if card is not None:
+        setattr(card.data, CARD_KEY, card_block(provenance))
         card.save(str(out / "README.md"))
     return out
 
@@ -224,10 +232,24 @@ def parquet_files(output_dir: str | Path) -> list[str]:
 def push_rollouts(
     ds: Dataset, repo_id: str, card: DatasetCard | None = None, *, private: bool | None = None, token: str | None = None
 ) -> str:
-    """Push the data, then the card, to the dataset repo ``repo_id``; return the repo URL. Task columns go as exact
-    JSON text (:func:`~hf_rollouts.schema.as_task_dataset`: dict or ``Json()`` columns converted)."""
+    """Push the data, ``provenance.json``, then the card (its provenance block set), to the dataset repo
+    ``repo_id``; return the repo URL. Task columns go as exact JSON text
+    (:func:`~hf_rollouts.schema.as_task_dataset`: dict or ``Json()`` columns converted)."""
+    import json
+
+    from huggingface_hub import HfApi
+
     ds = as_task_dataset(ds)
+    provenance = build_provenance(ds)
     ds.push_to_hub(repo_id, private=private, token=token, commit_message="Upload rollouts (hf_rollouts)")
+    HfApi(token=token).upload_file(
+        path_or_fileobj=(json.dumps(provenance, sort_keys=True, indent=1) + "\n").encode(),
+        path_in_repo=FILE,
+        repo_id=repo_id,
+        repo_type="dataset",
+        commit_message="Add provenance (hf_rollouts)",
+    )
     if card is not None:
+        setattr(card.data, CARD_KEY, card_block(provenance))
         card.push_to_hub(repo_id, repo_type="dataset", token=token, commit_message="Add dataset card (hf_rollouts)")
     return f"https://huggingface.co/datasets/{repo_id}"

@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from datasets import Dataset
-
-from ..schema import ROLLOUT_COLUMNS
 
 
 @dataclass
@@ -91,59 +91,84 @@ def _short_env(path: str) -> str:
     return path.rsplit(".", 1)[-1]
 
 
+def _column(table: Dataset, name: str) -> pa.Array:
+    """Column ``name`` of the dataset (its indices mapping applied, if any) as one Arrow array; only that column is
+    read."""
+    column = table[name]
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def _values(arr: pa.Array, depth: int = 1) -> pa.Array:
+    """The values of a list array ``depth`` levels down (the slices and null lists respected)."""
+    for _ in range(depth):
+        arr = arr.flatten()
+    return arr
+
+
+def _mask_total(table: Dataset, name: str) -> int:
+    """The sum of an int8 mask column over every rollout (a ``[rollout][token]`` column): one NumPy sum of its
+    values, never a Python loop over rows."""
+    values = _values(_column(table, name), 2).to_numpy(zero_copy_only=False)
+    return int(values.sum(dtype=np.int64))
+
+
 def compute_stats(ds: Dataset) -> RolloutStats:
-    """Statistics over every rollout of a rollout dataset (see module docstring for definitions)."""
-    # per-rollout values and the int8 masks; token ids, rewards and log-probs are not read
-    light = [
-        c.name for c in ROLLOUT_COLUMNS if c.name in ds.column_names and (not c.is_sequence or c.value.dtype == "int8")
-    ]
-    cols = ds.select_columns(["env_class_path", *light])
-    rewards, statuses, turns, tokens, agent_tokens, verdicts, task_solved = [], [], [], [], [], [], []
-    envs: Counter[str] = Counter()
-    k = 0
-    cut_turns = sum(map(sum, ds["num_cut_turns"])) if "num_cut_turns" in ds.column_names else 0
-    for row in cols:
-        envs[_short_env(row["env_class_path"])] += 1
-        k = max(k, len(row["final_rewards"]))
-        row_verdicts = row.get("solved") or [None] * len(row["final_rewards"])  # no column: written before it existed
-        for r, s, t, am, ag in zip(
-            row["final_rewards"],
-            row["statuses"],
-            row["num_turns"],
-            row["padded_full_attention_mask"],
-            row["padded_agent_token_mask"],
-        ):
-            rewards.append(r)
-            statuses.append(s)
-            turns.append(t)
-            tokens.append(sum(am))
-            agent_tokens.append(sum(ag))
-        verdicts += row_verdicts
-        if any(v is not None for v in row_verdicts):
-            task_solved.append(any(row_verdicts))
-    tools = _tool_stats(ds)
-    r = np.array([x for x in rewards if x is not None and not math.isnan(x)], dtype=np.float64)
-    judged = [bool(v) for v in verdicts if v is not None]
-    count = Counter(statuses)
+    """Statistics over every rollout of a rollout dataset (see module docstring for definitions).
+
+    Computed over the Arrow columns with NumPy and pyarrow's compute kernels: the masks are summed as flat arrays,
+    never walked row by row (``scripts/benchmark_scale.py`` measures it). Token ids, rewards and log-probs are not
+    read."""
+    table = ds.with_format("arrow")  # each column read once, as Arrow
+    final = _column(table, "final_rewards")
+    per_task = pc.list_value_length(final).fill_null(0).to_numpy(zero_copy_only=False)
+    k = int(per_task.max()) if len(per_task) else 0
+    rewards = _values(final).to_numpy(zero_copy_only=False).astype(np.float64)  # nulls: NaN
+    r = rewards[~np.isnan(rewards)]
+    rollouts = len(rewards)
+    statuses = pc.value_counts(_values(_column(table, "statuses"))).to_pylist()
+    count = {s["values"]: s["counts"] for s in statuses}
+    turns = _values(_column(table, "num_turns")).to_numpy(zero_copy_only=False)
+    cut_turns = (
+        int(pc.sum(_values(_column(table, "num_cut_turns"))).as_py() or 0)
+        if "num_cut_turns" in table.column_names
+        else 0
+    )
+    judged_count, solved_count, pass_at_k = 0, 0, math.nan
+    if "solved" in ds.column_names:
+        solved = _column(table, "solved")
+        verdicts = _values(solved)
+        valid = verdicts.is_valid().to_numpy(zero_copy_only=False)
+        hits = verdicts.fill_null(False).to_numpy(zero_copy_only=False)
+        judged_count, solved_count = int(valid.sum()), int(hits.sum())
+        lengths = pc.list_value_length(solved).fill_null(0).to_numpy(zero_copy_only=False)
+        rows = np.repeat(np.arange(len(lengths)), lengths)
+        judged_rows = np.bincount(rows, weights=valid, minlength=len(lengths)) > 0
+        solved_rows = np.bincount(rows, weights=hits, minlength=len(lengths)) > 0
+        if judged_rows.any():
+            pass_at_k = float(np.mean(solved_rows[judged_rows]))
+    envs = pc.value_counts(_column(table, "env_class_path")).to_pylist()
+    environments: Counter[str] = Counter()
+    for e in envs:
+        environments[_short_env(e["values"])] += e["counts"]
     return RolloutStats(
         tasks=len(ds),
         rollouts_per_task=k,
-        rollouts=len(rewards),
+        rollouts=rollouts,
         mean_final_reward=float(r.mean()) if len(r) else math.nan,
         std_final_reward=float(r.std()) if len(r) else math.nan,
-        solve_rate=float(np.mean(judged)) if judged else math.nan,
-        pass_at_k=float(np.mean(task_solved)) if task_solved else math.nan,
-        solved=sum(judged),
-        judged=len(judged),
-        mean_turns=float(np.mean(turns)) if turns else math.nan,
-        cut_turns=int(cut_turns),
-        mean_tokens=float(np.mean(tokens)) if tokens else math.nan,
-        mean_agent_tokens=float(np.mean(agent_tokens)) if agent_tokens else math.nan,
+        solve_rate=solved_count / judged_count if judged_count else math.nan,
+        pass_at_k=pass_at_k,
+        solved=solved_count,
+        judged=judged_count,
+        mean_turns=float(np.mean(turns)) if len(turns) else math.nan,
+        cut_turns=cut_turns,
+        mean_tokens=_mask_total(table, "padded_full_attention_mask") / rollouts if rollouts else math.nan,
+        mean_agent_tokens=_mask_total(table, "padded_agent_token_mask") / rollouts if rollouts else math.nan,
         done=count.get("done", 0),
         truncated=count.get("truncated", 0),
         errors=count.get("error", 0),
-        environments=dict(envs),
-        **tools,
+        environments=dict(environments),
+        **_tool_stats(ds),
     )
 
 
@@ -151,18 +176,24 @@ def _tool_stats(ds: Dataset) -> dict[str, Any]:
     """Tool-use counts over every rollout (empty when the dataset has no tool columns)."""
     if "num_tool_calls" not in ds.column_names:
         return {}
-    calls = [n for row in ds["num_tool_calls"] for n in row]
-    errors = sum(n for row in ds["num_tool_errors"] for n in row)
-    records = (
-        [r for row in ds["tool_calls"] for rollout in row for r in rollout] if "tool_calls" in ds.column_names else []
-    )
-    seconds = [r["seconds"] for r in records if r["status"] != "not_run"]
+    table = ds.with_format("arrow")
+    calls = _values(_column(table, "num_tool_calls")).fill_null(0).to_numpy(zero_copy_only=False)
+    errors = int(pc.sum(_values(_column(table, "num_tool_errors"))).as_py() or 0)
+    statuses: dict[str, int] = {}
+    seconds = np.array([], dtype=np.float64)
+    if "tool_calls" in ds.column_names:
+        records = _values(_column(table, "tool_calls"), 2)  # one struct per call
+        status = pc.struct_field(records, "status")
+        statuses = {s["values"]: s["counts"] for s in pc.value_counts(status).to_pylist()}
+        run = pc.not_equal(status, "not_run")
+        secs = pc.struct_field(records, "seconds")
+        seconds = pc.filter(secs, run).to_numpy(zero_copy_only=False).astype(np.float64)
     return {
-        "tool_calls": int(sum(calls)),
-        "tool_errors": int(errors),
-        "rollouts_with_tool_calls": sum(1 for n in calls if n),
-        "tool_statuses": dict(Counter(r["status"] for r in records)),
-        "mean_tool_seconds": float(np.mean(seconds)) if seconds else math.nan,
+        "tool_calls": int(calls.sum()),
+        "tool_errors": errors,
+        "rollouts_with_tool_calls": int((calls != 0).sum()),
+        "tool_statuses": statuses,
+        "mean_tool_seconds": float(np.mean(seconds)) if len(seconds) else math.nan,
     }
 
 
