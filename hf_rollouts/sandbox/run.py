@@ -30,6 +30,7 @@ from typing import Any
 
 from ..aio import ENGINE_LOOP
 from .bwrap import INSTALL_HINT, find_bwrap, sandbox_python
+from .cases import CaseJudge, inputs_of
 from .process import CROSSING, HARNESS, Launch, kill, reap
 from .result import SandboxLimits, SandboxResult, read_report, verdict
 
@@ -178,9 +179,14 @@ class Sandbox:
             slot = self._slots.pop()
             tests_uid, code_uid = slot if self._launch.as_root else (None, None)
             try:
+                if mode == "io":  # the inputs only: the expected outputs stay on the host
+                    io_job = {"mode": "io", "program": program, "inputs": inputs_of(cases or [])}
+                    return await self._run_cases(
+                        {**io_job, "limits": self.limits.for_harness(), "uid": code_uid}, cases
+                    )
                 job = {"mode": mode, "program": program, "tests": tests if tests is not None else []}
-                job |= {"entry_point": entry_point, "cases": cases or [], "limits": self.limits.for_harness()}
-                if mode == "io" or same_process:
+                job |= {"entry_point": entry_point, "prefix": prefix, "limits": self.limits.for_harness()}
+                if same_process:
                     return await self._run_one({**job, "uid": code_uid})
                 tests_job = {**job, "mode": "check", "program": "", "prefix": prefix, "uid": tests_uid}
                 code_job = {"mode": "serve", "program": program, "limits": job["limits"], "uid": code_uid}
@@ -202,6 +208,26 @@ class Sandbox:
         returncode = await reap(proc)
         report, shown = read_report(token, bytes(output)) if over is None else (None, output.decode(errors="replace"))
         return verdict(report, shown, returncode, over, self.limits, time.perf_counter() - start)
+
+    async def _run_cases(self, job: dict[str, Any], cases: list[dict[str, str]] | None) -> SandboxResult:
+        """``"io"`` mode: the harness runs each input and reports what the program printed; the host compares
+        (:class:`~hf_rollouts.sandbox.cases.CaseJudge`) and stops the run at the first wrong case."""
+        token = secrets.token_hex(16)
+        start = time.perf_counter()
+        judge = CaseJudge(list(cases or []), token, self.limits.output_bytes)
+        proc = await self._launch.start(job, token)
+        over = None
+        try:
+            async with asyncio.timeout(self.limits.wall_time):
+                while judge.report is None and over is None and (chunk := await proc.stdout.read(1 << 16)):
+                    over = judge.feed(chunk)
+        except TimeoutError:
+            over = "timeout"
+        kill(proc)
+        returncode = await reap(proc)
+        shown = judge.shown.decode(errors="replace")
+        return verdict(judge.report if over is None else None, shown, returncode, over, self.limits,
+                       time.perf_counter() - start)  # fmt: skip
 
     async def _run_two(self, tests_job: dict[str, Any], code_job: dict[str, Any]) -> SandboxResult:
         """The tests' process and the code's, joined by two pipes (calls, replies) that only they hold: the host
