@@ -15,6 +15,7 @@ import pytest
 
 from hf_rollouts.sandbox import SandboxLimits, find_bwrap
 from hf_rollouts.sandbox.bwrap import bwrap_options
+from hf_rollouts.sandbox.cases import CaseJudge
 from hf_rollouts.sandbox.process import Launch
 from hf_rollouts.sandbox.result import read_report
 from hf_rollouts.sandbox.seccomp import ARCHES, no_userns_filter
@@ -226,10 +227,10 @@ def _unprivileged_python() -> str | None:
     return None
 
 
-def test_dev_is_read_only_and_no_nested_namespace_in_the_non_root_way():
-    """As root the suite runs the root way (bwrap without a user namespace, the harness switching uid); here the
-    sandbox's command for a non-root user is run as ``nobody`` (setpriv), as any unprivileged user would run it.
-    Before issue 50 ``/dev`` there was a writable tmpfs of half the RAM and ``unshare -Urm`` worked."""
+@pytest.fixture(scope="module")
+def as_nobody():
+    """Runs a harness job the non-root way as ``nobody`` (or as this user, when it is not root): ``(job, token) ->
+    its output``. Skips, saying why, where an unprivileged user cannot run the sandbox here."""
     bwrap = find_bwrap()
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
         pytest.skip("running as root without setpriv (util-linux): no way to drop to an unprivileged uid")
@@ -240,18 +241,44 @@ def test_dev_is_read_only_and_no_nested_namespace_in_the_non_root_way():
         pytest.skip("no Python interpreter here that an unprivileged user may run (all under private homes)")
     if _as_nobody(["unshare", "-U", "true"]).returncode != 0:
         pytest.skip("unprivileged user namespaces are off here: the non-root way cannot run at all")
-    limits = SandboxLimits(tmp_bytes=16 << 20)
+    limits = SandboxLimits(tmp_bytes=16 << 20, memory_bytes=1 << 30)
     launch = Launch("bwrap", bwrap, python, (os.path.dirname(os.path.dirname(python)),), limits.tmp_bytes, False)
+
+    def run(job: dict, token: str) -> bytes:
+        fds: list[int] = []
+        command = launch.command({**job, "limits": limits.for_harness(), "uid": None}, fds)
+        assert "--disable-userns" in command or "--disable-userns" not in bwrap_options(bwrap)
+        try:
+            return _as_nobody(command, input=(token + "\n").encode(), pass_fds=fds).stdout
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    return run
+
+
+def test_dev_is_read_only_and_no_nested_namespace_in_the_non_root_way(as_nobody):
+    """As root the suite runs the root way (bwrap without a user namespace, the harness switching uid); here the
+    sandbox's command for a non-root user is run as ``nobody`` (setpriv), as any unprivileged user would run it.
+    Before issue 50 ``/dev`` there was a writable tmpfs of half the RAM and ``unshare -Urm`` worked."""
     tests = ["assert DEV == 'Read-only file system', DEV", "assert NESTED == 1, NESTED", "assert os.getuid() != 0"]
-    job = {"mode": "tests", "program": CHECK_DEV, "tests": tests, "entry_point": None, "limits": limits.for_harness()}
-    fds: list[int] = []
-    command = launch.command({**job, "uid": None}, fds)
-    assert "--disable-userns" in command or "--disable-userns" not in bwrap_options(bwrap)
     token = secrets.token_hex(16)
-    try:
-        done = _as_nobody(command, input=(token + "\n").encode(), pass_fds=fds)
-    finally:
-        for fd in fds:
-            os.close(fd)
-    report, shown = read_report(token, done.stdout)
-    assert report == {"passed": True}, (report, shown, done.stderr.decode(errors="replace"))
+    output = as_nobody({"mode": "tests", "program": CHECK_DEV, "tests": tests, "entry_point": None}, token)
+    report, shown = read_report(token, output)
+    assert report == {"passed": True}, (report, shown)
+
+
+def test_the_search_finds_nothing_in_the_non_root_way_where_the_harness_memory_is_readable(as_nobody):
+    """The non-root way has no uid switch, so the harness stays readable to the program it starts (/proc/<parent>/mem):
+    before issue 50 the fixture io_parent_memory_read passed there (1.0) by reading its case's output from it. Now
+    the search, which reads every visible process's memory, finds nothing; in one process with the tests it finds
+    them (the positive control)."""
+    token = secrets.token_hex(16)
+    job = {"mode": "io", "program": SEARCH + "input()\nprint(search())\n", "inputs": ["one\n", "two\n"]}
+    judge = CaseJudge([{"output": text} for text in EXPECTED], token, 1 << 20)
+    judge.feed(as_nobody(job, token))
+    assert judge.report is not None and judge.report["error"].startswith("wrong output 'NOTHING in 3 processes")
+    same = {"mode": "tests", "program": SEARCH + "RESULT = search()\n", "entry_point": None}
+    output = as_nobody({**same, "tests": [f"assert RESULT == {EXPECTED[0]!r}, RESULT"]}, token)
+    report, _ = read_report(token, output)
+    assert report is not None and "FOUND" in report["error"] and "/sandbox/job.json" in report["error"], report

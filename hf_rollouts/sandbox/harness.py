@@ -29,7 +29,8 @@ Modes:
 What ``"tests"`` mode cannot stop (see docs/guides/code-sandbox.md): code that walks the interpreter's frames or
 memory to the report line, or returns objects whose ``__eq__`` always says yes, fools any test that runs in the same
 process as the code under test; ``"check"``/``"serve"`` and ``"io"`` run the code in a separate process and have no
-such gap.
+such gap. ``"tests"`` mode does keep the task's prefix names and the builtins for the tests, and fails a test that a
+``StopIteration`` of the code's would have ended early (:func:`run_tests`).
 """
 
 import json

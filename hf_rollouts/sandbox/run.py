@@ -4,8 +4,9 @@ A run of tests (``"tests"`` mode) is two bwrap sandboxes (see :mod:`hf_rollouts.
 isolates), each running the harness (:mod:`hf_rollouts.sandbox.harness`): the **code's process** runs the program and
 answers calls; the **tests' process** runs the tests, calling the code's functions through proxies that carry plain
 data only over two pipes (:mod:`hf_rollouts.sandbox.crossing`), and alone holds the report line. As root each runs
-under an unprivileged uid of its own. With ``same_process=True`` (and in ``"io"`` mode, whose cases are child
-processes anyway) one sandbox runs the code and the tests together, as HumanEval's own harness does.
+under an unprivileged uid of its own. With ``same_process=True`` one sandbox runs the code and the tests together, as
+HumanEval's own harness does. In ``"io"`` mode one sandbox runs the program once per case with the inputs only; the
+host compares the outputs (:mod:`hf_rollouts.sandbox.cases`), which never enter the sandbox.
 
 The host side enforces what only the host can: the wall time (the sandboxes are killed; their pid namespaces die with
 them) and the output size (stdout and stderr of both processes together are read in chunks and the run is killed past
