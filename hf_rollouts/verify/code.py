@@ -33,10 +33,11 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from ..aio import ENGINE_LOOP
-from ..sandbox import Sandbox, SandboxLimits
+from ..sandbox import Sandbox, SandboxLimits, cases, seccomp
 from ..sandbox.run import BACKENDS, CROSSING, HARNESS
 from .base import TaskFieldError, Verdict, Verifier, reference, register_verifier
 
@@ -159,8 +160,9 @@ class CodeVerifier(Verifier):
         return await sandbox.arun("io", program, cases=list(task[self.cases_key]))
 
     def fingerprint(self) -> str:
-        """The default fingerprint, plus the harness's source (it decides what passes)."""
-        sources = HARNESS.read_bytes() + CROSSING.read_bytes()
+        """The default fingerprint, plus the sources that decide what passes: the harness, the crossing, the host's
+        comparison of stdin/stdout cases and the seccomp filter."""
+        sources = b"".join(Path(p).read_bytes() for p in (HARNESS, CROSSING, cases.__file__, seccomp.__file__))
         return f"{super().fingerprint()}:{hashlib.sha256(sources).hexdigest()[:16]}"
 
 
