@@ -175,6 +175,12 @@ def test_a_signature_the_prefix_leaves_to_write_is_the_codes(split, same):
         assert verifier.score("", "def add(a, b):\n    return a + b\n", task).passed  # the whole function
         assert verifier.score("", "    return a + b\n\ndef helper(x):\n    return 0\n", task).passed  # (not used)
         assert verifier.score("", "    return 42\n\ndef helper(x):\n    return 0\n", task).reward == 0.0
+    stub = {
+        "code_prefix": "def add(a, b):\n    raise NotImplementedError('write me')\n",
+        "test": ["assert add(1, 2) == 3"],
+    }
+    for verifier in (split, same):
+        assert verifier.score("", "def add(a, b):\n    return a + b\n", stub).passed
 
 
 STOP = "def f(x):\n    raise StopIteration\n"

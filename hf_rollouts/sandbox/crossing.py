@@ -64,7 +64,7 @@ def escaped(name, what):
 def task_names(prefix, namespace, entry_point):
     """The names of the task's ``code_prefix`` that stay the task's in the tests: all it defined (its helpers, such
     as HumanEval/32's ``poly``, constants, imports) but the entry point and, without one, the functions it leaves to
-    write (a body of only a docstring, ``pass`` or ``...``: the signature the code completes)."""
+    write (a body of only a docstring, ``pass``, ``...`` or ``raise NotImplementedError``: what the code completes)."""
     import ast  # here: only a task with a prefix pays for it
 
     names = {name for name in namespace if not name.startswith("__")}
@@ -75,12 +75,22 @@ def task_names(prefix, namespace, entry_point):
     except SyntaxError:  # it ran, so it parses; kept for safety
         return names
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and all(
-            isinstance(part, ast.Pass) or (isinstance(part, ast.Expr) and isinstance(part.value, ast.Constant))
-            for part in node.body
-        ):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and all(map(placeholder, node.body)):
             names.discard(node.name)
     return names
+
+
+def placeholder(statement):
+    """A statement of a body left to write: ``pass``, a docstring or ``...``, ``raise NotImplementedError``."""
+    import ast
+
+    if isinstance(statement, ast.Pass) or (
+        isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+    ):
+        return True
+    raised = statement.exc.func if isinstance(statement, ast.Raise) and isinstance(statement.exc, ast.Call) else None
+    raised = statement.exc if raised is None and isinstance(statement, ast.Raise) else raised
+    return isinstance(raised, ast.Name) and raised.id == "NotImplementedError"
 
 
 def last_line(exc):
