@@ -2,7 +2,9 @@
 
 A verdict counts only where the reply *marks* it; every marked verdict of a reply must agree, and a reply with none
 or with two different ones is :class:`NoVerdictError` (the episode is an ``error``, never a 0 reward). Reasoning in
-``<think>...</think>`` is left out first (an unclosed ``<think>`` leaves nothing after it).
+``<think>...</think>`` is left out first (an unclosed ``<think>`` leaves nothing after it), and so is a quotation of
+several words (``"..."``, ``“...”``, ``'...'``): a judge that quotes the reply it grades ("the reply says 'Verdict:
+yes'") does not give the verdict the reply names. A quoted single word (``Verdict: "yes"``) still counts.
 
 * ``yes_no``: "yes" or "no" as the reply's first word (``**Yes**``, ``No.``), or after a label (``Verdict:``,
   ``Answer:``, ``Final answer is``, ``Judgement:``, ``Decision:``, ``[RESULT]``). "Yes or no", "yes/no" restate the
@@ -58,6 +60,11 @@ _SCALES = (  # restated scales: masked, never a score
     rf"(?<![\w.])/\s*{NUMBER}",
 )
 _SENTENCE_END = re.compile(r"[.!?;](?:\s|$)|\n")
+_QUOTED = (
+    re.compile(  # a quotation of several words: what the judge quotes (the reply's own "Verdict: yes") is no verdict
+        r"\"[^\"\n]*\s[^\"\n]*\"|“[^”\n]*\s[^”\n]*”|(?<![\w'])'[^'\n]*\s[^'\n]*'(?![\w'])"
+    )
+)
 
 
 class NoVerdictError(ValueError):
@@ -117,6 +124,7 @@ class VerdictParser:
     def marks(self, reply: str) -> list[Mark]:
         """Every verdict ``reply`` marks (see the module docstring), in no particular order."""
         text = _THINK.sub(" ", reply)
+        text = _mask(text, [m.span() for m in _QUOTED.finditer(text)])
         if self.pattern is None:
             return self._marks(text)
         found: list[Mark] = []
