@@ -70,3 +70,13 @@ def test_a_policy_from_a_hosted_spec_needs_a_tokenizer_and_is_told_how_to_give_o
         judge_agent = load_agent(spec, needs_tokenizer=False)
         assert judge_agent.tokenizer is None and judge_agent.recipe.kwargs["needs_tokenizer"] is False
     assert server.log == []  # loading probes nothing
+
+
+def test_the_cli_refuses_a_hosted_policy_without_a_tokenizer_in_one_line(tmp_path, capsys):
+    from hf_rollouts.cli import main
+
+    with ChatOnlyServer(hosted_judge) as server:
+        argv = ["generate", "--env", "mastermind", "--num-tasks", "1", "--model", f"openai:{server.url}#judge-1"]
+        assert main([*argv, "--output", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: openai:") and "(CLI: --tokenizer)" in err and len(err.strip().splitlines()) == 1

@@ -245,3 +245,33 @@ def test_the_cli_writes_the_rescored_dataset_its_card_and_tokenizer(stored, tmp_
     assert main(["rescore", str(out), "--verifier", "exact", "--output", str(tmp_path / "twice")]) == 2
     assert "--keep-prefix" in capsys.readouterr().err
     assert main(["rescore", str(source), "--verifier", "{bad", "--output", str(tmp_path / "bad")]) == 2
+
+
+def test_a_later_try_keeps_its_discount_and_a_spread_reward_lands_on_the_last_turn(tokenizer, tmp_path):
+    """max_turns 2 and retry_discount 0.5: a reply right on its second try scores 0.5 under the new verifier too;
+    reward_placement 'spread' spreads it over that try's tokens only (the first try's get 0)."""
+    questions = Dataset.from_list([{"q": "What is 2 + 2?", "a": "4"}])
+    config = {"verifier": "exact", "max_turns": 2, "retry_discount": 0.5, "reward_placement": "spread"}
+    tasks = to_task_rows(questions, prompt_column="q", answer_column="a", env_config=config)
+    ds = generate_rollouts(
+        tasks,
+        ScriptedAgent(["5", "4.0"]),
+        num_rollouts=1,
+        seed=0,
+        tokenizer=tokenizer,
+        progress=False,
+        cache_dir=str(tmp_path),
+    )
+    assert ds["final_rewards"] == [[0.0]] and ds["num_turns"] == [[2]]  # 'exact': "4.0" is not "4"
+    out = rescore_rollouts(ds, "numeric")
+    assert out["final_rewards"] == [[0.5]] and out["solved"] == [[True]] and json.loads(out["infos"][0][0])["try"] == 2
+    mask, rewards = out["padded_agent_token_mask"][0][0], out["padded_per_token_rewards"][0][0]
+    agent = [i for i, m in enumerate(mask) if m]
+    start = agent[-1]
+    while mask[start - 1]:
+        start -= 1
+    last_turn = list(range(start, agent[-1] + 1))  # the last run of agent tokens: the second try
+    first_turn = [i for i in agent if i < start]
+    assert first_turn and all(rewards[i] == 0.0 for i in first_turn)
+    assert all(rewards[i] == pytest.approx(0.5 / len(last_turn)) for i in last_turn)
+    assert sum(rewards) == pytest.approx(0.5)
