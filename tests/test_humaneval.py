@@ -69,16 +69,24 @@ def test_canonical_solutions_pass_all_164(tasks, verifier):
     _canonical_pass(verifier, tasks)
 
 
-def test_a_reply_that_redefines_the_prompts_helper_scores_zero(tasks, verifier):
+def test_a_reply_that_redefines_the_prompts_helper_scores_zero_in_both_modes(tasks, verifier):
     """HumanEval/32's check asserts ``poly(coeffs, candidate(coeffs))`` is near 0; a reply that redefines ``poly``
-    passed with any root where the tests share the code's process; with the tests in their own, ``poly`` is the
-    prompt's."""
+    passed with any root where the tests shared the code's process (1.0 with ``same_process`` before issue 50); now
+    ``poly`` is the prompt's in both modes: the tests' process runs the prompt itself, and ``same_process`` runs it
+    apart first and gives the tests its names."""
     row = tasks[32]
     hack = "    return 0.0\n\ndef poly(xs, x):\n    return 0.0\n"
     same = build_verifier({"name": "code", "same_process": True})
-    assert verdicts(same, [row], lambda row: hack)[0].passed  # the hack, where it works
-    verdict = verdicts(verifier, [row], lambda row: hack)[0]
-    assert verdict.reward == 0.0 and verdict.reason == "the check failed: AssertionError"
+    for each in (verifier, same):
+        verdict = verdicts(each, [row], lambda row: hack)[0]
+        assert verdict.reward == 0.0 and verdict.reason == "the check failed: AssertionError"
+
+
+def test_canonical_solutions_pass_a_sample_in_one_process_too(tasks):
+    """same_process gives the tests a namespace of their own (the prompt's names, the real builtins, the code's
+    functions guarded): the canonical solutions still pass there, the helpers' problems among them."""
+    same = build_verifier({"name": "code", "same_process": True, "max_concurrency": 4})
+    _canonical_pass(same, tasks.select(sorted({*range(0, 164, 16), *HELPERS})))
 
 
 WRONG = "    return None\n"

@@ -1,6 +1,7 @@
 """The tests and the code in two sandboxed processes (hf_rollouts/sandbox/crossing.py): only plain data crosses, so the
-frame-walking report forgery, the always-equal object and the redefined task helper that pass when the tests share the
-code's process (``same_process``) score 0 by default; the values HumanEval-style tests use cross exactly."""
+frame-walking report forgery and the always-equal object that pass when the tests share the code's process
+(``same_process``) score 0 by default; the task's helpers and the builtins stay the task's, and exceptions that end
+iteration fail the test, in both modes; the values HumanEval-style tests use cross exactly."""
 
 from __future__ import annotations
 
@@ -116,8 +117,18 @@ ATTACKS = {
     "always-equal object, assert list": (ALWAYS_EQUAL, ASSERTS),
     "always-equal object, check(candidate)": (ALWAYS_EQUAL, CHECK),
     "an int whose __eq__ says yes": (EQUAL_INT, CHECK),
-    "a helper of the task redefined": (HELPER_REDEFINED, HELPER),
-    "a builtin the tests use redefined": (SHADOWED_BUILTIN, {"test": ["assert sorted(add(1, 2)) == [1, 2, 3]"]}),
+}
+HELPER_NO_ENTRY = {  # issue 50: the same without an entry point (an assert list calling the prefix's helper)
+    "code_prefix": "def helper(x):\n    return x - 3\n",
+    "test": ["assert helper(add(1, 2)) == 0"],
+}
+PATCHED_BUILTIN = "import builtins\nbuiltins.sorted = lambda xs: [1, 2, 3]\ndef add(a, b):\n    return [3, 2]\n"
+BUILTIN_TEST = {"test": ["assert sorted(add(1, 2)) == [1, 2, 3]"]}
+PROTECTED_IN_BOTH = {  # 1.0 with same_process before issue 50 (the prefix without an entry point: in both modes)
+    "a helper of the task redefined, check(candidate)": (HELPER_REDEFINED, HELPER),
+    "a helper of the task redefined, assert list": (HELPER_REDEFINED, HELPER_NO_ENTRY),
+    "a builtin the tests use redefined": (SHADOWED_BUILTIN, BUILTIN_TEST),
+    "a builtin the tests use patched in the builtins module": (PATCHED_BUILTIN, BUILTIN_TEST),
 }
 
 
@@ -140,6 +151,69 @@ def test_attacks_that_pass_in_one_process_score_zero_in_two(split, same, name):
     assert verdict.reward == 0.0 and verdict.reason, verdict
     if "Yes" in code or "Int(" in code:
         assert "cannot cross to the tests' process" in verdict.reason and "same_process" in verdict.reason
+
+
+@needs_bwrap
+@pytest.mark.parametrize("name", list(PROTECTED_IN_BOTH))
+def test_the_tasks_names_and_the_builtins_stay_the_tasks_in_both_modes(split, same, name):
+    code, task = PROTECTED_IN_BOTH[name]
+    for verifier in (split, same):
+        verdict = verifier.score("", code, task)
+        assert verdict.reward == 0.0 and "AssertionError" in verdict.reason, verdict
+
+
+@needs_bwrap
+def test_a_signature_the_prefix_leaves_to_write_is_the_codes(split, same):
+    """Without an entry point, a prefix function whose body is only a docstring (or pass, ...) is the one to write:
+    the code's completes it, in both modes; the prefix's finished helpers stay the task's."""
+    task = {
+        "code_prefix": 'def helper(x):\n    return x - 3\n\ndef add(a, b):\n    """a + b"""\n',
+        "test": ["assert add(1, 2) == 3 and helper(add(1, 2)) == 0"],
+    }
+    for verifier in (split, same):
+        assert verifier.score("", "    return a + b\n", task).passed  # the body only
+        assert verifier.score("", "def add(a, b):\n    return a + b\n", task).passed  # the whole function
+        assert verifier.score("", "    return a + b\n\ndef helper(x):\n    return 0\n", task).passed  # (not used)
+        assert verifier.score("", "    return 42\n\ndef helper(x):\n    return 0\n", task).reward == 0.0
+
+
+STOP = "def f(x):\n    raise StopIteration\n"
+ESCAPES = {  # each passed (1.0) in both modes before issue 50 but the last: the exception ended the tests' loop
+    "all(map(...))": (STOP, "assert all(map(lambda x: f(x) == 1, [1, 2]))"),
+    "filter": (STOP, "assert not list(filter(f, [1, 2]))"),
+    "iter(f, sentinel)": (STOP, "assert list(iter(lambda: f(1), 5)) == []"),
+    "a for loop over map": (STOP, "for y in map(f, [1, 2]):\n    assert y == 1"),
+    "StopAsyncIteration": (
+        "def f(x):\n    raise StopAsyncIteration\n",
+        "import asyncio\nclass A:\n    def __aiter__(self):\n        return self\n"
+        "    async def __anext__(self):\n        return f(1)\n"
+        "async def main():\n    return [y async for y in A()]\nassert asyncio.run(main()) == []",
+    ),
+    "GeneratorExit, caught": (
+        "def f(x):\n    raise GeneratorExit\n",
+        "try:\n    f(1)\nexcept BaseException:\n    pass",
+    ),
+    "a generator of the tests'": (STOP, "def g():\n    yield f(1)\nassert list(g()) == []"),
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("name", list(ESCAPES))
+def test_exceptions_that_end_iteration_fail_the_test_in_both_modes(split, same, name):
+    code, test = ESCAPES[name]
+    for verifier in (split, same):
+        verdict = verifier.score("", code, {"test": [test, "assert True"]})
+        assert verdict.reward == 0.0, (name, verdict)
+        assert verdict.reason.startswith("a test failed (test 0)")
+        assert "which would end the tests' iteration early" in verdict.reason, verdict.reason
+
+
+@needs_bwrap
+def test_a_generator_the_code_returns_still_ends_as_generators_do(same):
+    verdict = same.score(
+        "", "def evens(n):\n    yield from range(0, n, 2)\n", {"test": ["assert list(evens(5)) == [0, 2, 4]"]}
+    )
+    assert verdict.passed, verdict.reason
 
 
 @needs_bwrap

@@ -7,7 +7,10 @@ environment) and any ``extra_read_only`` paths. ``/tmp`` is a fresh tmpfs of ``t
 gone when the sandbox ends), ``/proc`` shows only the sandbox's processes, ``/dev`` the few standard devices. Every
 namespace is unshared (network: only a loopback device of its own; pid, ipc, uts, cgroup), the environment is
 cleared, the session is new (no terminal to inject into), the sandbox dies with its parent, and bwrap sets
-``no_new_privs`` (setuid programs gain nothing).
+``no_new_privs`` (setuid programs gain nothing). ``/dev`` is read-only (its device nodes still work: writing
+``/dev/null`` is fine, creating a file there is not). **No new user namespaces**: a seccomp filter
+(:mod:`hf_rollouts.sandbox.seccomp`) refuses them in both ways, and in the non-root way bwrap's ``--disable-userns``
+too (bubblewrap 0.8 and later): inside one, code would be root and could mount a tmpfs past ``tmp_bytes``.
 
 Two ways to run, chosen by who we are:
 
@@ -23,7 +26,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
@@ -48,6 +53,16 @@ def find_bwrap(path: str | os.PathLike | None = None) -> str | None:
         return shutil.which("bwrap")
 
 
+@lru_cache(maxsize=8)
+def bwrap_options(bwrap: str) -> frozenset[str]:
+    """The long options this bwrap binary knows (from ``--help``; cached): ``--disable-userns`` came in 0.8."""
+    try:
+        text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    return frozenset(word.strip(",") for word in text.split() if word.startswith("--"))
+
+
 def sandbox_python(python: str | None = None) -> tuple[str, str]:
     """(the interpreter to run inside, the directory to show read-only for it): by default this interpreter's base
     installation (``sys.base_prefix``), never the virtual environment, whose packages the code does not get."""
@@ -70,15 +85,21 @@ def bwrap_command(
     tmp_bytes: int,
     as_root: bool,
     argv: list[str],
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """The bwrap command line: the mounts described in the module docstring, ``files`` (sandbox path -> a readable
-    file descriptor whose content becomes that read-only file), then ``argv`` run in ``/tmp``."""
+    file descriptor whose content becomes that read-only file), ``seccomp_fd`` (a readable descriptor holding the
+    filter of :func:`~hf_rollouts.sandbox.seccomp.no_userns_filter`), then ``argv`` run in ``/tmp``."""
     cmd = [bwrap]
     if as_root:  # privileged bwrap: no user namespace, so the harness can switch to a uid that the process limit binds
         cmd += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
         cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         cmd += ["--unshare-all"]
+        if "--disable-userns" in bwrap_options(bwrap):
+            cmd += ["--unshare-user", "--disable-userns"]  # (--unshare-all only tries the user namespace)
+    if seccomp_fd is not None:
+        cmd += ["--seccomp", str(seccomp_fd)]
     cmd += ["--die-with-parent", "--new-session"]
     seen: set[str] = set()
     for path in [*SYSTEM_PATHS, *read_only]:
@@ -90,7 +111,7 @@ def bwrap_command(
                 seen.add(str(parent))
                 cmd += ["--perms", "0755", "--dir", str(parent)]
         cmd += ["--ro-bind-try", path, path]
-    cmd += ["--dev", "/dev", "--proc", "/proc"]
+    cmd += ["--dev", "/dev", "--remount-ro", "/dev", "--proc", "/proc"]  # (not recursive: /dev/null stays usable)
     cmd += ["--size", str(tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
     for dest, fd in files.items():
         cmd += ["--perms", "0444", "--ro-bind-data", str(fd), dest]
@@ -100,4 +121,4 @@ def bwrap_command(
     return [*cmd, "--", python, *argv]
 
 
-__all__ = ["INSTALL_HINT", "SYSTEM_PATHS", "bwrap_command", "find_bwrap", "sandbox_python"]
+__all__ = ["INSTALL_HINT", "SYSTEM_PATHS", "bwrap_command", "bwrap_options", "find_bwrap", "sandbox_python"]

@@ -46,6 +46,43 @@ class CodeEnded(BaseException):
     """The code's process ended, or stopped answering, during a call."""
 
 
+class Escaped(BaseException):
+    """A call of the code's raised ``StopIteration``, ``StopAsyncIteration`` or ``GeneratorExit``: raised again in
+    the tests, it would end their ``map()``, ``filter()``, ``iter(f, s)`` or loop early, as if it were done (``all``
+    then says yes). It fails the run instead, even when a test catches it."""
+
+
+ESCAPING = ("StopIteration", "StopAsyncIteration", "GeneratorExit")
+"""The exceptions that end the caller's iteration rather than fail it."""
+
+
+def escaped(name, what):
+    """The failure of a call of ``name`` that raised ``what`` (one of :data:`ESCAPING`)."""
+    return Escaped(f"{name}() raised {what}, which would end the tests' iteration early; it fails the test")
+
+
+def task_names(prefix, namespace, entry_point):
+    """The names of the task's ``code_prefix`` that stay the task's in the tests: all it defined (its helpers, such
+    as HumanEval/32's ``poly``, constants, imports) but the entry point and, without one, the functions it leaves to
+    write (a body of only a docstring, ``pass`` or ``...``: the signature the code completes)."""
+    import ast  # here: only a task with a prefix pays for it
+
+    names = {name for name in namespace if not name.startswith("__")}
+    if entry_point:
+        return names - {entry_point}
+    try:
+        tree = ast.parse(prefix)
+    except SyntaxError:  # it ran, so it parses; kept for safety
+        return names
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and all(
+            isinstance(part, ast.Pass) or (isinstance(part, ast.Expr) and isinstance(part.value, ast.Constant))
+            for part in node.body
+        ):
+            names.discard(node.name)
+    return names
+
+
 def last_line(exc):
     """``Type: message`` of an exception, the message cut to one line and 300 characters."""
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
@@ -266,6 +303,8 @@ class Proxy:
         if reply[0] == "value":
             return reply[1]
         if reply[0] == "raised":
+            if reply[1][0] in ESCAPING:
+                raise self._fail(escaped(name, reply[1][0]))
             raise remote_exception(*reply[1])
         raise self._fail(
             CannotCross(f"{reply[1]}, which cannot cross to the tests' process ({PLAIN}); {SAME_PROCESS_HINT}")
@@ -317,20 +356,21 @@ def run_split_tests(job, calls, replies, _exec=exec, _compile=compile, _base=Bas
         return {"passed": False, "stage": "program", "error": "it did not report its names"}
     if "error" in ready:
         return {"passed": False, "stage": "program", "error": str(ready["error"])[:300]}
-    bind(namespace, ready["ready"], entry_point, Proxy, calls, replies, trouble)
+    protected = task_names(prefix, namespace, entry_point) if prefix else set()
+    bind(namespace, ready["ready"], entry_point, Proxy, calls, replies, trouble, protected)
     report = run_statements(namespace, tests, entry_point, trouble, _exec, _compile, _base)
     if trouble and isinstance(trouble[0], CodeEnded):  # the host reads how it ended
         return {**report, "stage": "code_ended", "where": report["stage"]}
     return report if report is not None else True
 
 
-def bind(namespace, names, entry_point, proxy, calls, replies, trouble):
+def bind(namespace, names, entry_point, proxy, calls, replies, trouble, task=frozenset()):
     """The code's names in the tests' namespace: a proxy per function, a copy per plain value, a module of the
     standard library imported here when the code imported it under its own name (:func:`importable`). The builtins
     stay the real ones (code that defines ``sorted`` cannot change what ``assert sorted(f(x)) == [1, 2]`` sorts
-    with); with an entry point, the names the task's prefix defined stay the task's too (HumanEval's ``poly``), and
-    ``check`` is the tests' own."""
-    protected = set(dir(builtins)) | (set(namespace) | {"check"} if entry_point else set())
+    with); so do the names of the task's prefix (``task``: :func:`task_names`, e.g. HumanEval's ``poly``), with an
+    entry point or without; with an entry point ``check`` is the tests' own."""
+    protected = set(dir(builtins)) | set(task) | ({"check"} if entry_point else set())
     for name, what in names.items():
         if type(name) is not str or name.startswith("__") or type(what) is not dict:
             continue

@@ -4,7 +4,7 @@ interpreter, which need not see the project's packages); the host copies this fi
 
 Protocol (host side: :mod:`hf_rollouts.sandbox.run`):
 
-* ``argv[1]``: the job, a JSON file ``{"mode", "program", "tests", "entry_point", "cases", "prefix", "uid", "limits",
+* ``argv[1]``: the job, a JSON file ``{"mode", "program", "tests", "entry_point", "inputs", "prefix", "uid", "limits",
   "channel"}``; ``argv[2]``: the program alone, as a file (``"io"`` mode runs it); ``argv[3]``: the source of
   :mod:`hf_rollouts.sandbox.crossing` (the tests and the code in two processes).
 * stdin's first line: the token. The harness reads it and replaces stdin with ``/dev/null`` before any untrusted code
@@ -22,13 +22,15 @@ Modes:
 * ``"tests"`` executes ``program`` then ``tests`` (Python source: HumanEval's ``def check(candidate)``, called with
   ``entry_point`` when given; or a list of statements such as ``assert f(1) == 2``, each run in turn) in one
   namespace, as HumanEval's own harness does (the verifier's ``same_process`` option).
-* ``"io"`` runs ``program`` once per case as a child process with the case's ``input`` on stdin and compares its
-  stdout with ``output`` (trailing whitespace of each line and trailing blank lines ignored).
+* ``"io"`` runs ``program`` once per input (``inputs``: the cases' inputs only) as a child process with the input on
+  stdin, and writes one line per case, ``<token> CASE <json>``, with what it printed; the **host** compares it with
+  the expected output (:mod:`hf_rollouts.sandbox.cases`), which never enters the sandbox.
 
 What ``"tests"`` mode cannot stop (see docs/guides/code-sandbox.md): code that walks the interpreter's frames or
 memory to the report line, or returns objects whose ``__eq__`` always says yes, fools any test that runs in the same
 process as the code under test; ``"check"``/``"serve"`` and ``"io"`` run the code in a separate process and have no
-such gap.
+such gap. ``"tests"`` mode does keep the task's prefix names and the builtins for the tests, and fails a test that a
+``StopIteration`` of the code's would have ended early (:func:`run_tests`).
 """
 
 import json
@@ -72,72 +74,134 @@ def last_line(exc):
     return (text[-1] if text else type(exc).__name__)[:300]
 
 
-def run_tests(job, _exec=exec, _compile=compile, _base=BaseException):
-    """Run the program, then the tests, then ``check(entry_point)``. Everything it uses after the untrusted code has
-    run is bound before (default arguments, locals, list indexing, int comparison): code that replaces builtins
-    (``exec``, ``range``, ``enumerate``) or the harness's module globals cannot make the tests skip."""
+def guard(function, name, trouble, escaping, failure, _base=BaseException):
+    """``function`` (the code's), as the tests call it: ``StopIteration``, ``StopAsyncIteration`` or
+    ``GeneratorExit`` out of it (``escaping``) would end the tests' ``map()``/``filter()``/``iter(f, s)`` early, as if
+    done; it becomes ``failure`` instead, recorded in ``trouble`` (a test that catches it still fails)."""
+
+    def guarded(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except escaping as exc:
+            trouble.append(failure(name, type(exc).__name__))
+            raise trouble[-1] from None
+
+    for attribute in ("__name__", "__qualname__", "__doc__", "__module__"):
+        try:
+            setattr(guarded, attribute, getattr(function, attribute))
+        except _base:  # noqa: BLE001, S110 - an attribute the code made unreadable: the default stays
+            pass
+    guarded.__wrapped__ = function
+    return guarded
+
+
+def run_tests(job, crossing, _exec=exec, _compile=compile, _base=BaseException, _function=types.FunctionType):
+    """Run the program, then the tests, then ``check(entry_point)``, in one process (``same_process``). Everything it
+    uses after the untrusted code has run is bound before (default arguments, locals, list indexing, int
+    comparison): code that replaces builtins (``exec``, ``range``, ``enumerate``) or the harness's module globals
+    cannot make the tests skip. The tests run in a namespace of their own: the builtins as they were before the code
+    ran, the names of the task's prefix as the prefix alone defines them (run apart first; ``crossing.task_names``),
+    the code's other names, its functions guarded (:func:`guard`) against exceptions that end iteration."""
+    real_builtins = dict(__builtins__.__dict__ if hasattr(__builtins__, "__dict__") else __builtins__)
+    names, escaping = set(real_builtins), (StopIteration, StopAsyncIteration, GeneratorExit)
+    task_names, failure = crossing.task_names, crossing.escaped
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     tests = job["tests"]
     tests = [tests] if isinstance(tests, str) else list(tests)
-    count, names = len(tests), [f"<test {i}>" for i in range(len(tests))]
-    entry_point = job.get("entry_point") or None
+    count, labels = len(tests), [f"<test {i}>" for i in range(len(tests))]
+    entry_point, prefix = job.get("entry_point") or None, job.get("prefix") or ""
+    task, protected = {"__name__": "__main__", "__builtins__": __builtins__}, set()
+    if prefix:
+        try:
+            _exec(_compile(prefix, "<code_prefix>", "exec"), task)
+        except _base as exc:
+            return {"passed": False, "stage": "prefix", "error": last_line(exc)}
+        protected = task_names(prefix, task, entry_point)
     try:
         _exec(_compile(job["program"], "<solution>", "exec"), namespace)
     except _base as exc:  # everything the code raises is its failure
         return {"passed": False, "stage": "program", "error": last_line(exc)}
+    trouble = []
+    scope = {"__name__": "__main__", "__builtins__": real_builtins}
+    for name, value in list(namespace.items()):
+        if (
+            type(name) is not str
+            or name.startswith("__")
+            or (name != entry_point and (name in names or name in protected))
+        ):
+            continue
+        scope[name] = guard(value, name, trouble, escaping, failure) if type(value) is _function else value
+    for name in protected:
+        scope[name] = task[name]
     index = 0
     while index < count:
+        failed = {"passed": False, "stage": "tests", "test": index, "passed_tests": index}
         try:
-            _exec(_compile(tests[index], names[index], "exec"), namespace)
+            _exec(_compile(tests[index], labels[index], "exec"), scope)
         except _base as exc:
-            return {"passed": False, "stage": "tests", "test": index, "passed_tests": index, "error": last_line(exc)}
+            return {**failed, "error": str(trouble[0])[:500] if trouble else last_line(exc)}
+        if trouble:
+            return {**failed, "error": str(trouble[0])[:500]}
         index += 1
     if entry_point is not None:
-        if "check" not in namespace or entry_point not in namespace:
+        if "check" not in scope or entry_point not in scope:
             return {"passed": False, "stage": "check", "error": f"NameError: check or {entry_point} is not defined"}
         try:
-            namespace["check"](namespace[entry_point])
+            scope["check"](scope[entry_point])
         except _base as exc:
-            return {"passed": False, "stage": "check", "error": last_line(exc)}
+            return {"passed": False, "stage": "check", "error": str(trouble[0])[:500] if trouble else last_line(exc)}
+        if trouble:
+            return {"passed": False, "stage": "check", "error": str(trouble[0])[:500]}
     return True
 
 
-def normalized(text):
-    lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
-    while lines and not lines[-1]:
-        lines.pop()
-    return lines
+def write_all(fd, data, _write=os.write):
+    """All of ``data`` to ``fd`` (a pipe may take a large write in parts)."""
+    while data:
+        data = data[_write(fd, data) :]
 
 
-def run_cases(job):
-    """Each case in a child process; its output goes to anonymous files in ``/tmp`` (bounded by the tmpfs and the
-    file size limit) and only the first ``output_bytes`` are read back."""
-    import subprocess  # here: the other modes' processes start without them
+def run_cases(job, write_record):
+    """Each input in a child process (the program, ``-u``: unbuffered); its output goes to anonymous files in
+    ``/tmp`` (bounded by the tmpfs and the file size limit), of which at most ``output_bytes`` are read back. The
+    expected outputs are not here (the host compares, :mod:`hf_rollouts.sandbox.cases`): each case's outcome is
+    handed to ``write_record`` as ``{"test", "stdout" (base64), "error", "tail"}``; the host stops the run at the
+    first wrong one."""
+    import base64  # here: the other modes' processes start without them
+    import subprocess
     import tempfile
 
-    path, cases, limit = sys.argv[2], job["cases"], int(job["limits"]["output_bytes"])
+    path, limit = sys.argv[2], int(job["limits"]["output_bytes"])
     timeout = max(0.1, float(job["limits"]["case_time"]))
-    for index, case in enumerate(cases):
-        failed = {"passed": False, "stage": "case", "test": index, "passed_tests": index}
+    for index, given in enumerate(job["inputs"]):
+        record = {"test": index, "stdout": None, "error": None, "tail": ""}
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             try:
                 done = subprocess.run(
-                    [sys.executable, "-I", "-B", path],
-                    input=str(case.get("input", "")).encode(),
+                    [sys.executable, "-I", "-B", "-u", path],
+                    input=str(given).encode(),
                     stdout=out,
                     stderr=err,
                     timeout=timeout,
                 )
+                returncode = done.returncode
             except subprocess.TimeoutExpired:
-                return {**failed, "error": "timeout"}
+                returncode = None
+            size = out.seek(0, 2)
             out.seek(0)
-            err.seek(0)
-            stdout, stderr = out.read(limit).decode(errors="replace"), err.read(limit).decode(errors="replace")
-        if done.returncode != 0:
+            err.seek(max(0, err.seek(0, 2) - 1024))
+            stdout, stderr = out.read(limit + 1), err.read(1024).decode(errors="replace")
+        record["tail"] = (stdout[-1024:].decode(errors="replace") + stderr)[-2048:]
+        if returncode is None:
+            record["error"] = "timeout"
+        elif returncode != 0:
             lines = stderr.strip().splitlines()
-            return {**failed, "error": lines[-1][:300] if lines else f"exit status {done.returncode}"}
-        if normalized(stdout) != normalized(str(case.get("output", ""))):
-            return {**failed, "error": f"wrong output {stdout[:200]!r}"}
+            record["error"] = lines[-1][:300] if lines else f"exit status {returncode}"
+        elif size > limit:
+            record["error"] = f"output limit: printed more than {limit} bytes"
+        else:
+            record["stdout"] = base64.b64encode(stdout).decode()
+        write_record(record)
     return True
 
 
@@ -173,7 +237,7 @@ def main():
         job = json.load(f)
     drop_privileges(job.get("uid"))
     set_limits(job["limits"])
-    crossing = load_crossing(sys.argv[3]) if job["mode"] in ("check", "serve") else None
+    crossing = load_crossing(sys.argv[3]) if job["mode"] != "io" else None
     if job["mode"] == "serve":  # the code's process: no report of its own
         serve(crossing, job)
     # the pass line is made before any untrusted code runs; a failure line always starts with FAIL, whatever a
@@ -190,8 +254,11 @@ def main():
     )
     if job["mode"] == "check":
         outcome = crossing.run_split_tests(job, *job["channel"])
+    elif job["mode"] == "io":
+        case_prefix = token + " CASE "
+        outcome = run_cases(job, lambda record: write_all(report_fd, encode(case_prefix + dumps(record) + "\n")))
     else:
-        outcome = run_cases(job) if job["mode"] == "io" else run_tests(job)
+        outcome = run_tests(job, crossing)
     try:
         flush_out()
         flush_err()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .bwrap import bwrap_command
+from .seccomp import no_userns_filter
 
 HARNESS = Path(__file__).with_name("harness.py")
 CROSSING = Path(__file__).with_name("crossing.py")
@@ -47,10 +48,12 @@ class Launch:
             "crossing.py": CROSSING.read_bytes(),
         }
         opened = {name: memfd(name, data) for name, data in sources.items()}
-        # the tests' process needs the standard library only: no site import (its .pth files cost a start-up each)
-        flags = ["-I", "-B", "-S"] if job["mode"] == "check" else ["-I", "-B"]
+        # the tests' process needs the standard library only: no site import (its .pth files cost a start-up each);
+        # unbuffered (-u): what the code printed before the host killed it (a time-out) reaches the host
+        flags = ["-I", "-B", "-u", "-S"] if job["mode"] == "check" else ["-I", "-B", "-u"]
         if self.bwrap is None:
             return [self.python, *flags, *(f"/proc/self/fd/{fd}" for fd in opened.values())]
+        seccomp = no_userns_filter()
         return bwrap_command(
             self.bwrap,
             python=self.python,
@@ -59,6 +62,7 @@ class Launch:
             tmp_bytes=self.tmp_bytes,
             as_root=self.as_root,
             argv=[*flags, *(f"/sandbox/{name}" for name in opened)],
+            seccomp_fd=None if seccomp is None else memfd("seccomp", seccomp),
         )
 
     async def start(

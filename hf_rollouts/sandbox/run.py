@@ -4,8 +4,9 @@ A run of tests (``"tests"`` mode) is two bwrap sandboxes (see :mod:`hf_rollouts.
 isolates), each running the harness (:mod:`hf_rollouts.sandbox.harness`): the **code's process** runs the program and
 answers calls; the **tests' process** runs the tests, calling the code's functions through proxies that carry plain
 data only over two pipes (:mod:`hf_rollouts.sandbox.crossing`), and alone holds the report line. As root each runs
-under an unprivileged uid of its own. With ``same_process=True`` (and in ``"io"`` mode, whose cases are child
-processes anyway) one sandbox runs the code and the tests together, as HumanEval's own harness does.
+under an unprivileged uid of its own. With ``same_process=True`` one sandbox runs the code and the tests together, as
+HumanEval's own harness does. In ``"io"`` mode one sandbox runs the program once per case with the inputs only; the
+host compares the outputs (:mod:`hf_rollouts.sandbox.cases`), which never enter the sandbox.
 
 The host side enforces what only the host can: the wall time (the sandboxes are killed; their pid namespaces die with
 them) and the output size (stdout and stderr of both processes together are read in chunks and the run is killed past
@@ -30,6 +31,7 @@ from typing import Any
 
 from ..aio import ENGINE_LOOP
 from .bwrap import INSTALL_HINT, find_bwrap, sandbox_python
+from .cases import CaseJudge, inputs_of
 from .process import CROSSING, HARNESS, Launch, kill, reap
 from .result import SandboxLimits, SandboxResult, read_report, verdict
 
@@ -178,9 +180,14 @@ class Sandbox:
             slot = self._slots.pop()
             tests_uid, code_uid = slot if self._launch.as_root else (None, None)
             try:
+                if mode == "io":  # the inputs only: the expected outputs stay on the host
+                    io_job = {"mode": "io", "program": program, "inputs": inputs_of(cases or [])}
+                    return await self._run_cases(
+                        {**io_job, "limits": self.limits.for_harness(), "uid": code_uid}, cases
+                    )
                 job = {"mode": mode, "program": program, "tests": tests if tests is not None else []}
-                job |= {"entry_point": entry_point, "cases": cases or [], "limits": self.limits.for_harness()}
-                if mode == "io" or same_process:
+                job |= {"entry_point": entry_point, "prefix": prefix, "limits": self.limits.for_harness()}
+                if same_process:
                     return await self._run_one({**job, "uid": code_uid})
                 tests_job = {**job, "mode": "check", "program": "", "prefix": prefix, "uid": tests_uid}
                 code_job = {"mode": "serve", "program": program, "limits": job["limits"], "uid": code_uid}
@@ -202,6 +209,26 @@ class Sandbox:
         returncode = await reap(proc)
         report, shown = read_report(token, bytes(output)) if over is None else (None, output.decode(errors="replace"))
         return verdict(report, shown, returncode, over, self.limits, time.perf_counter() - start)
+
+    async def _run_cases(self, job: dict[str, Any], cases: list[dict[str, str]] | None) -> SandboxResult:
+        """``"io"`` mode: the harness runs each input and reports what the program printed; the host compares
+        (:class:`~hf_rollouts.sandbox.cases.CaseJudge`) and stops the run at the first wrong case."""
+        token = secrets.token_hex(16)
+        start = time.perf_counter()
+        judge = CaseJudge(list(cases or []), token, self.limits.output_bytes)
+        proc = await self._launch.start(job, token)
+        over = None
+        try:
+            async with asyncio.timeout(self.limits.wall_time):
+                while judge.report is None and over is None and (chunk := await proc.stdout.read(1 << 16)):
+                    over = judge.feed(chunk)
+        except TimeoutError:
+            over = "timeout"
+        kill(proc)
+        returncode = await reap(proc)
+        shown = judge.shown.decode(errors="replace")
+        return verdict(judge.report if over is None else None, shown, returncode, over, self.limits,
+                       time.perf_counter() - start)  # fmt: skip
 
     async def _run_two(self, tests_job: dict[str, Any], code_job: dict[str, Any]) -> SandboxResult:
         """The tests' process and the code's, joined by two pipes (calls, replies) that only they hold: the host

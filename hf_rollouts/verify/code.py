@@ -20,7 +20,8 @@ The task is checked first (:meth:`CodeVerifier.check_task`): a task without usab
 :class:`~hf_rollouts.verify.TaskFieldError` naming the field, before any code runs. Reward 1.0 when every test passes,
 else 0.0; the verdict's reason says why (the failed test and the error's last
 line, ``timeout``, ``memory limit``, ``output limit``, ``killed by SIGKILL``, ``exited ... before the tests
-finished``) and ``info`` holds the sandbox's status, the tests passed, the seconds and the start of the output.
+finished``) and ``info`` holds the sandbox's status, the tests passed, the seconds and the start of the output (for a
+time-out its last KB: the code runs unbuffered, so what it printed before it was stopped is there).
 
 Without a working bubblewrap the verifier is not built (:class:`~hf_rollouts.sandbox.SandboxUnavailable` says how to
 fix it); ``sandbox="unsafe-no-sandbox"`` runs the code without isolation, by name only.
@@ -136,7 +137,9 @@ class CodeVerifier(Verifier):
         if answer is None or not answer.strip():
             return Verdict(0.0, NO_CODE, {"status": "no_code"})
         result = await self._run(self.program(answer, task), task)
-        info = {"status": result.status, "seconds": round(result.seconds, 3), "output": result.output[:500]}
+        # the start of what the code printed; for a time-out its last KB (where it was when stopped)
+        shown = result.output[-1024:] if result.status == "timeout" else result.output[:500]
+        info = {"status": result.status, "seconds": round(result.seconds, 3), "output": shown}
         if "passed_tests" in result.report:
             info["passed_tests"] = result.report["passed_tests"]
         if result.passed:
