@@ -6,9 +6,9 @@ or with two different ones is :class:`NoVerdictError` (the episode is an ``error
 several words (``"..."``, ``“...”``, ``'...'``): a judge that quotes the reply it grades ("the reply says 'Verdict:
 yes'") does not give the verdict the reply names. A quoted single word (``Verdict: "yes"``) still counts.
 
-* ``yes_no``: "yes" or "no" as the reply's first word (``**Yes**``, ``No.``), or after a label (``Verdict:``,
-  ``Answer:``, ``Final answer is``, ``Judgement:``, ``Decision:``, ``[RESULT]``). "Yes or no", "yes/no" restate the
-  question: no verdict.
+* ``yes_no``: "yes" or "no" as the reply's first word (``**Yes**``, ``No.``) or as its last sentence ("... so 5 is
+  not 4. No."), or after a label (``Verdict:``, ``Answer:``, ``Final answer is``, ``Judgement:``, ``Decision:``,
+  ``[RESULT]``). "Yes or no", "yes/no" restate the question: no verdict.
 * ``score`` (in ``score_range`` ``[lo, hi]``, scaled to ``(x - lo) / (hi - lo)``): the first word when it is a number
   (not a numbered list's "1."), ``[[N]]`` (MT-Bench), after ``Score:`` / ``Rating:`` / ``Grade:`` / ``Verdict:`` /
   ``[RESULT]`` (Prometheus) or "score is N", ``N/hi`` and ``N out of hi``, "I rate it N", "I give it a N", "deserves
@@ -154,6 +154,9 @@ class VerdictParser:
             found.append(Mark(first[1], first[1].lower(), "the first word"))
         for m in re.finditer(rf"(?:{_YES_NO_LABEL})\s*[:=\-]?\s*{_OPEN}{_YES_NO}", text, re.I):
             found.append(Mark(m[1], m[1].lower(), "after a label"))
+        last = re.search(rf"(?:\A|[.!?:\n])[\W_]*{_YES_NO}[\W_]*\Z", text, re.I)
+        if last:
+            found.append(Mark(last[1], last[1].lower(), "the last sentence"))
         return found
 
     def _score(self, text: str) -> list[Mark]:
