@@ -246,6 +246,9 @@ ROLLOUT_FEATURES = Features({c.name: c.feature for c in ROLLOUT_COLUMNS})
 whose agent gave no log-probabilities (NaN marks agent tokens of single turns without
 them). ``final_rewards`` is NaN for ``status == "error"``."""
 
+SCORE_COLUMNS = ("final_rewards", "padded_per_token_rewards", "solved", "infos", "statuses", "errors")
+"""The rollout columns a verdict writes: what rescoring (:mod:`hf_rollouts.rescore`) replaces, keeping the old ones."""
+
 
 _ARROW = ROLLOUT_FEATURES.arrow_schema
 

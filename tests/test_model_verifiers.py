@@ -198,8 +198,9 @@ def test_verdict_parsers(parser, reply, reward):
     "parser, reply, reason",
     [
         (VerdictParser(), "I cannot tell.", "neither 'yes' nor 'no'"),
-        (VerdictParser("score", (1, 10)), "eleven out of ten: 11", "outside the range"),
-        (VerdictParser("score"), "great", "no number"),
+        (VerdictParser("score", (1, 10)), "Score: 11", "outside the range"),
+        (VerdictParser("score"), "great", "no marked score"),
+        (VerdictParser("score"), "Out of 10, this is a 3. Score: 8", "two different verdicts"),
         (VerdictParser("letter"), "Answer: C", "none of the letters"),
         (VerdictParser("letter"), "A spider has six legs.", "none of the letters"),  # "A" the word is no choice
         (VerdictParser("letter"), "The answer is a dog.", "none of the letters"),  # nor "a" after "answer is"

@@ -35,6 +35,28 @@ RUNNERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], Verdict]] = {}
 fixture gives, e.g. ``judge_reply``); every other verifier runs by :func:`score_by_spec`."""
 
 
+def run_judge(fixture: dict[str, Any], spec: dict[str, Any]) -> Verdict:
+    """The ``judge`` verifier of ``spec`` (its ``model`` aside) judged by a scripted agent answering the fixture's
+    ``judge_reply``. A reply that is no verdict ends the episode as an ``error``, never a reward: that counts as 0 here,
+    and a fixture's ``expect_no_verdict`` says which reason it must be (so a plain 0 cannot stand in for it)."""
+    from hf_rollouts import ScriptedAgent
+    from hf_rollouts.verify import Judge, NoVerdictError
+
+    options = {k: v for k, v in spec.items() if k not in ("name", "model")}
+    judge = Judge(ScriptedAgent([fixture["judge_reply"]]), **options)
+    answer = extract_answer(fixture["reply"], fixture.get("extraction", "whole"))
+    try:
+        verdict = judge.score(fixture["reply"], answer, fixture["task"])
+    except NoVerdictError as exc:
+        assert fixture.get("expect_no_verdict", "") in exc.reason, (fixture["name"], exc.reason)
+        return Verdict(0.0, f"no reward: the episode is an error ({exc})")
+    assert "expect_no_verdict" not in fixture, (fixture["name"], verdict)
+    return verdict
+
+
+RUNNERS["judge"] = run_judge
+
+
 def cases() -> list:
     found = []
     for name, fixture in FIXTURES.items():

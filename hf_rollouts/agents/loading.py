@@ -8,7 +8,10 @@
   :func:`hf_rollouts.smollm2.tools_chat_template`): its own template carries no tools.
 * ``openai:BASE_URL#MODEL`` — an OpenAI-compatible endpoint (:class:`~.openai.OpenAIChatAgent`);
   ``tokenizer`` names the served model's tokenizer (default: ``MODEL``), which the env uses.
-  The agent negotiates token mode or chat mode with the server on first use.
+  The agent negotiates token mode or chat mode with the server on first use. A policy needs that tokenizer (its
+  token ids are stored): :class:`ModelNotFoundError` says how to give one when ``MODEL`` names none. An agent that
+  only reads text (a judge: ``needs_tokenizer=False``) loads none unless ``tokenizer`` is given, and talks chat mode
+  (a hosted chat model with no Hugging Face tokenizer).
 * ``vllm:ID_OR_PATH`` — vLLM's engine in this process (:class:`~.vllm.VLLMAgent`; needs a Python with vLLM,
   see ``scripts/setup_vllm.sh``); ``engine`` holds :class:`~.vllm.VLLMSettings` fields and other vLLM engine
   arguments.
@@ -177,9 +180,13 @@ def load_agent(
     trust_remote_code: bool = False,
     endpoint: dict[str, Any] | None = None,
     engine: dict[str, Any] | None = None,
+    needs_tokenizer: bool = True,
 ) -> Agent:
     """Return the agent for ``spec`` (see module docstring), with ``agent.recipe`` set to the
     :class:`AgentRecipe` that builds it again.
+
+    ``needs_tokenizer=False``: the agent's token ids are never stored (a judge reads its text), so an ``openai:``
+    spec without ``tokenizer`` loads none (chat mode); a policy keeps the default ``True``.
 
     ``seed`` seeds sampling (an endpoint's per-request seeds); ``backend``, ``reuse_kv`` and ``cache``
     are :class:`~.hf.TransformersAgent` options. ``endpoint`` holds extra
@@ -201,8 +208,17 @@ def load_agent(
             "trust_remote_code": trust_remote_code,
             "endpoint": endpoint,
             "engine": engine,
+            "needs_tokenizer": needs_tokenizer,
         },
     )
+    if spec.startswith("openai:") and tokenizer is None and not needs_tokenizer:
+        from .openai import OpenAIChatAgent
+
+        agent: Agent = OpenAIChatAgent.from_spec(
+            spec, sampling=sampling or SamplingConfig(), seed=seed, **(endpoint or {})
+        )
+        agent.recipe = recipe
+        return agent
     agent = _load(
         spec, sampling, seed, model_seed, backend, reuse_kv, cache, tokenizer, trust_remote_code, endpoint, engine
     )
@@ -240,9 +256,18 @@ def _load(
 
         from .openai import OpenAIChatAgent, parse_openai_spec
 
-        tok = AutoTokenizer.from_pretrained(
-            tokenizer or parse_openai_spec(spec)[1], trust_remote_code=trust_remote_code
-        )
+        name = tokenizer or parse_openai_spec(spec)[1]
+        try:
+            tok = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError) as exc:
+            if tokenizer is not None:
+                raise
+            raise ModelNotFoundError(
+                f"{spec}: a policy's token ids are stored, so it needs the served model's tokenizer, and the model "
+                f"name {name!r} (the default) names none here or on the Hub ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:160]}). Give it: load_agent(spec, tokenizer='ORG/NAME' or a folder) "
+                "(CLI: --tokenizer). A judge needs none (a 'judge' verifier with this model talks chat mode)."
+            ) from exc
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
         return OpenAIChatAgent.from_spec(spec, sampling=sampling, tokenizer=tok, seed=seed, **(endpoint or {}))

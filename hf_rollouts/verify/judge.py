@@ -1,18 +1,18 @@
 """``judge``: an agent of the project grades the reply, and a parser reads its verdict.
 
 The judge is any :class:`~hf_rollouts.agents.base.Agent`: a ``load_agent`` spec in ``model`` (``"smollm2"``, a hub
-id or path, ``"vllm:ID"``, ``"openai:URL#MODEL"``) or, in Python, an agent object (which samples with its own
-settings: ``temperature`` and ``max_new_tokens`` apply to a spec only). It gets one user message, the
-``template`` filled with ``{question}`` (the task's prompt: its user message), ``{reference}`` (``task_data[
-reference_key]``; a template without it and ``reference_key=None`` judge with no reference), ``{reply}`` and
-``{answer}`` (the extracted answer), after an optional ``system_prompt``.
+id or path, ``"vllm:ID"``, ``"openai:URL#MODEL"``: a hosted chat model needs no tokenizer, since no token ids of a
+judge are stored) or, in Python, an agent object (which samples with its own settings: ``temperature`` and
+``max_new_tokens`` apply to a spec only). It gets one user message, the ``template`` filled with ``{question}`` (the
+task's prompt: its user message), ``{reference}`` (``task_data[reference_key]``; a template without it and
+``reference_key=None`` judge with no reference), ``{reply}`` and ``{answer}`` (the extracted answer), after an
+optional ``system_prompt``.
 
-Its reply is read by a :class:`VerdictParser`: ``yes_no`` (the first word "yes" or "no": 1.0 / 0.0), ``score`` (the
-first number, in ``score_range`` ``[lo, hi]``, scaled to ``(x - lo) / (hi - lo)``) or ``letter`` (one of the
-``letters``' keys marked as the choice: the whole reply, ``(B)``, ``B)``, ``B.``, ``B:``, ``answer: B``; its value),
-after ``pattern`` (a regex whose group ``verdict``, else its first group, is the verdict text) when given. A reply it
-cannot read is **no verdict**: :class:`NoVerdictError` with the reason and the judge's reply, so the episode ends as
-``error``, never as a 0 reward.
+Its reply is read by a :class:`~.verdicts.VerdictParser` (``verdict``: ``yes_no``, ``score`` in ``score_range``, or
+``letter`` with ``letters``; ``pattern`` locates it): a verdict counts only where the reply marks it (its first word,
+after ``Score:`` / ``Verdict:`` / ``[RESULT]``, ``[[N]]``, ``N/10``, ...: :mod:`.verdicts` lists the rules). A reply
+that marks none, or two different ones, is **no verdict**: :class:`NoVerdictError` with the reason and the judge's
+reply, so the episode ends as ``error``, never as a 0 reward.
 
 The verdict's ``info``: ``judge_prompt`` (the full user message), ``judge_reply``, ``verdict`` (the text read) and
 ``score``. Full marks (no reason) is a reward of 1.0.
@@ -35,12 +35,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
-import re
 import string
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..aio import THREADS
@@ -48,6 +45,7 @@ from ..seeding import derive_seed
 from ..types import AgentRequest
 from .base import TaskFieldError, Verdict, Verifier, VerifierConfigError, reference, register_verifier
 from .batcher import MicroBatcher
+from .verdicts import NoVerdictError, VerdictParser
 
 DEFAULT_TEMPLATE = (
     "Grade a student's answer.\n\nQuestion:\n{question}\n\nReference answer:\n{reference}\n\nStudent's answer:\n"
@@ -56,81 +54,6 @@ DEFAULT_TEMPLATE = (
 """The default judge prompt: a yes/no check of the reply against the reference."""
 
 FIELDS = ("question", "reference", "reply", "answer")
-PARSERS = ("yes_no", "score", "letter")
-
-
-class NoVerdictError(ValueError):
-    """The judge's reply holds no verdict the parser can read (or the judge failed): the episode is an ``error``,
-    never a 0 reward. ``reply`` is what the judge said."""
-
-    def __init__(self, reason: str, reply: str | None = None) -> None:
-        shown = "" if reply is None else f"; the judge replied {reply[:300]!r}"
-        super().__init__(f"no verdict: {reason}{shown}")
-        self.reason, self.reply = reason, reply
-
-
-@dataclass(frozen=True)
-class VerdictParser:
-    """Reads a verdict from a judge's reply (see the module docstring): :meth:`parse` -> ``(reward, text read)``,
-    :class:`NoVerdictError` when there is none."""
-
-    kind: str = "yes_no"
-    score_range: tuple[float, float] = (0.0, 10.0)
-    letters: dict[str, float] = field(default_factory=lambda: {"A": 1.0, "B": 0.0})
-    pattern: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in PARSERS:
-            raise VerifierConfigError("verdict", f"judge: verdict is one of {list(PARSERS)}, got {self.kind!r}.")
-        lo, hi = self.score_range
-        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-            raise VerifierConfigError("score_range", f"judge: score_range is [low, high], got {self.score_range!r}.")
-        if not self.letters or not all(isinstance(k, str) and k for k in self.letters):
-            raise VerifierConfigError("letters", f"judge: letters maps letters to rewards, got {self.letters!r}.")
-        if self.pattern is not None:
-            try:
-                re.compile(self.pattern)
-            except re.error as exc:
-                raise VerifierConfigError("pattern", f"judge: pattern {self.pattern!r} is not a regex: {exc}.") from exc
-
-    def located(self, reply: str) -> str:
-        """The part of ``reply`` that holds the verdict: ``pattern``'s group, or the whole reply."""
-        if self.pattern is None:
-            return reply
-        match = re.search(self.pattern, reply, re.DOTALL | re.IGNORECASE)
-        if match is None:
-            raise NoVerdictError(f"the reply does not match the verdict pattern /{self.pattern}/", reply)
-        names = match.groupdict()
-        return names["verdict"] if "verdict" in names else match.group(1) if match.re.groups else match.group(0)
-
-    def parse(self, reply: str) -> tuple[float, str]:
-        text = self.located(reply)
-        if self.kind == "yes_no":
-            found = re.search(r"\b(yes|no)\b", text, re.IGNORECASE)
-            if found is None:
-                raise NoVerdictError("neither 'yes' nor 'no' in the reply", reply)
-            return (1.0 if found[1].lower() == "yes" else 0.0), found[1]
-        if self.kind == "score":
-            found = re.search(r"-?\d+(?:\.\d+)?", text)
-            if found is None:
-                raise NoVerdictError("no number in the reply", reply)
-            value, (lo, hi) = float(found[0]), self.score_range
-            if not lo <= value <= hi:
-                raise NoVerdictError(f"the score {found[0]} is outside the range [{lo:g}, {hi:g}]", reply)
-            return (value - lo) / (hi - lo), found[0]
-        keys = "|".join(re.escape(k) for k in sorted(self.letters, key=len, reverse=True))
-        marked = (  # a letter marked as a choice; a bare one is a word ("A spider has ...")
-            rf"^\W*({keys})\W*$",  # the whole reply: "B", "(B).", "**B**"
-            rf"\(({keys})\)",  # "(B)"
-            rf"(?<![A-Za-z0-9])({keys})[).:](?!\w)",  # "B)", "B.", "B:"
-            # "answer: B", "Answer is B": the keyword in any case, the letter as the letters are written (no "a dog")
-            rf"(?i:answer|verdict|choice|option)(?:\s+is)?\s*:?\s*({keys})(?![A-Za-z0-9])",
-        )
-        for rule in marked:
-            found = re.search(rule, text)
-            if found is not None:
-                return float(self.letters[found[1]]), found[1]
-        raise NoVerdictError(f"none of the letters {sorted(self.letters)} marked as the answer in the reply", reply)
 
 
 _AGENTS: dict[str, Any] = {}
@@ -150,7 +73,8 @@ def agent_lock(agent: Any) -> contextlib.AbstractContextManager:
 
 def load_judge_agent(model: str, temperature: float, max_new_tokens: int, seed: int, tokenizer: str | None) -> Any:
     """The judge agent of a ``load_agent`` spec, built once per process and settings (KV reuse off: judge prompts
-    are unrelated)."""
+    are unrelated). No token ids of a judge are stored, so an ``openai:URL#MODEL`` judge without ``tokenizer`` loads
+    none: a hosted chat model, in chat mode."""
     from ..agents.loading import load_agent
     from ..agents.sampling import SamplingConfig
 
@@ -158,7 +82,9 @@ def load_judge_agent(model: str, temperature: float, max_new_tokens: int, seed: 
     with _LOCK:
         if key not in _AGENTS:
             sampling = SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens)
-            _AGENTS[key] = load_agent(model, sampling, seed=seed, reuse_kv=False, tokenizer=tokenizer)
+            _AGENTS[key] = load_agent(
+                model, sampling, seed=seed, reuse_kv=False, tokenizer=tokenizer, needs_tokenizer=False
+            )
         return _AGENTS[key]
 
 

@@ -171,6 +171,32 @@ def check_system_prompt(parts: PromptParts, system_prompt: str | None, where: st
         )
 
 
+def render_task(config: DatasetConfig, task_data: Mapping[str, Any]) -> dict[str, Any]:
+    """``task_data`` with its prompt, as a :class:`DatasetEnv` of ``config`` renders it: ``task_data['prompt']``, else
+    ``config.prompt_template`` filled from its fields (``TaskDataError`` naming the missing field)."""
+    task = dict(task_data)
+    if task.get("prompt") is None:
+        template = config.prompt_template
+        if template is None:
+            raise TaskDataError(
+                "prompt",
+                f"DatasetEnv task_data needs 'prompt' (or env_config['prompt_template']); it has {sorted(task)}.",
+            )
+        try:
+            task["prompt"] = template.format(**task)
+        except KeyError as exc:
+            raise TaskDataError(
+                exc.args[0],
+                f"prompt_template {template!r} reads task_data[{exc.args[0]!r}], which this task lacks.",
+            ) from exc
+    return task
+
+
+def extract_reply_answer(config: DatasetConfig, reply: str) -> str | None:
+    """The answer in ``reply`` by ``config``'s extraction (what a :class:`DatasetEnv` of ``config`` scores)."""
+    return extract_answer(reply, config.extraction, config.extraction_pattern, config.code_language)
+
+
 class DatasetEnv(MultistepEnv):
     """A dataset row, the agent's reply and a verifier's verdict (see the module docstring)."""
 
@@ -216,22 +242,7 @@ class DatasetEnv(MultistepEnv):
 
     def render(self, task_data: Mapping[str, Any]) -> dict[str, Any]:
         """``task_data`` with its prompt: ``task_data['prompt']``, else ``prompt_template`` filled from its fields."""
-        task = dict(task_data)
-        if task.get("prompt") is None:
-            template = self.config.prompt_template
-            if template is None:
-                raise TaskDataError(
-                    "prompt",
-                    f"DatasetEnv task_data needs 'prompt' (or env_config['prompt_template']); it has {sorted(task)}.",
-                )
-            try:
-                task["prompt"] = template.format(**task)
-            except KeyError as exc:
-                raise TaskDataError(
-                    exc.args[0],
-                    f"prompt_template {template!r} reads task_data[{exc.args[0]!r}], which this task lacks.",
-                ) from exc
-        return task
+        return render_task(self.config, task_data)
 
     def validate_task_data(self, task_data: dict[str, Any]) -> None:
         task = self.render(task_data)
@@ -258,8 +269,7 @@ class DatasetEnv(MultistepEnv):
 
     def extract(self, reply: str) -> str | None:
         """The answer in ``reply`` by this env's extraction."""
-        c = self.config
-        return extract_answer(reply, c.extraction, c.extraction_pattern, c.code_language)
+        return extract_reply_answer(self.config, reply)
 
     async def _step_episode(
         self, session_id: str, state: DatasetEpisode, action: str
@@ -295,5 +305,7 @@ __all__ = [
     "DatasetEpisode",
     "PromptParts",
     "check_system_prompt",
+    "extract_reply_answer",
     "prompt_parts",
+    "render_task",
 ]
