@@ -136,6 +136,20 @@ def test_concurrent_episodes_never_mix(tokenizer):
         assert text.count(f"tag t{i} seen") == 3 and all(f"t{j} " not in text for j in range(8) if j != i)
 
 
+def test_a_program_that_rewrites_its_history_makes_two_samples(tokenizer):
+    agent = TokenScript(tokenizer, lambda r: "a reply")
+    ds = run(rows("rewrite_history", [{"question": "Tell me."}]), agent, tokenizer)
+    row = ds[0]
+    assert row["statuses"] == ["done"] and row["num_samples"] == [2] and row["sample_calls"] == [[1, 1]]
+    (first_prompt, first_sampled), (second_prompt, second_sampled) = [(p, s) for _, p, s in agent.log]
+    earlier = row["earlier_token_ids"][0][0]
+    assert earlier == first_prompt + first_sampled  # the first sample: exactly what the model saw and sampled
+    ids, mask = row["padded_full_token_ids"][0], row["padded_agent_token_mask"][0]
+    assert ids[: len(second_prompt)] == second_prompt and agent_ids(ids, mask) == second_sampled
+    assert "Earlier you said" in tokenizer.decode(second_prompt) and "Tell me" not in tokenizer.decode(second_prompt)
+    assert [c["prompt"] for c in infos(ds)[0]["program_calls"]] == ["render", "render"]
+
+
 def test_async_program_and_a_verifier_on_its_answer(tokenizer):
     agent = TokenScript(tokenizer, lambda r: "the answer is 42")
     tasks = [{"question": "?", "answer": "42"}, {"question": "?", "answer": "41"}]

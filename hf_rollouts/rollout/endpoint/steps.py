@@ -125,7 +125,7 @@ def program_steps(
 ) -> Generator[AgentRequest | HookAwait, Any, Episode]:
     """Play one program episode (see the module docstring); the arguments are :func:`~hf_rollouts.rollout.episode.
     episode_steps`'."""
-    rec = recorder if recorder is not None else EpisodeRecorder(env.chat, env.reward_placement)
+    rec = recorder if recorder is not None else EpisodeRecorder.for_env(env)
     session = Session(env.served_model, env.sampling_fields)
     address = ENDPOINT.open(session, unix=env.needs_socket)
     conv = Conversation(env.renderer)
