@@ -97,6 +97,10 @@ def test_tool_loop_through_the_endpoint_is_token_exact(tokenizer, adder):
         calls_info = infos(ds)[r]["program_calls"]
         assert [c["finish_reason"] for c in calls_info] == ["tool_calls", "stop"]
         assert [c["prompt"] for c in calls_info] == ["render", "extend"]
+        conversation = ds[0]["conversations"][r]
+        assert [m["role"] for m in conversation] == ["user", "assistant", "tool", "assistant"]
+        assert conversation[1]["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 2, "b": 3}'}
+        assert conversation[2]["content"] == "5" and conversation[3]["content"] == "5"
 
 
 def test_tiny_model_plays_a_program_and_every_call_is_recorded(tokenizer, hf_agent):

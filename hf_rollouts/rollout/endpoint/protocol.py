@@ -142,6 +142,21 @@ def read_message(m: Any, i: int) -> dict[str, Any]:
     return out
 
 
+def stored_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as the ``conversations`` column stores it: call arguments as JSON text, content a string."""
+    out = {**message, "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        out["tool_calls"] = [
+            {**c, "function": {**c["function"], "arguments": _json_text(c["function"].get("arguments"))}}
+            for c in message["tool_calls"]
+        ]
+    return out
+
+
+def _json_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
 def _int(body: dict[str, Any], key: str) -> int | None:
     value = body.get(key)
     if value is None:

@@ -37,7 +37,7 @@ from ...seeding import derive_seed
 from ...types import Action, AgentRequest, Episode
 from ..episode import HookAwait, HookClock
 from ..recorder import EpisodeRecorder
-from .protocol import APIError, ChatRequest, Reply, bad
+from .protocol import APIError, ChatRequest, Reply, bad, stored_message
 from .render import Conversation, Renderer
 from .server import ENDPOINT, Call, EndpointAddress, Session
 
@@ -185,7 +185,7 @@ def program_steps(
                 if not isinstance(action, Action):
                     raise TypeError(f"the agent answered {type(action).__name__}, not an Action")
                 action, text = cut_answer(action, call.request, env.renderer)
-                rec.add_call(prompt_ids, action, call.request.messages)
+                rec.add_call(prompt_ids, action, [stored_message(m) for m in call.request.messages])
                 stored = list(rec.ids)
                 agent_ids = stored[len(prompt_ids) :]
                 ended = env.chat.turn_ended(agent_ids, action.stopped)
@@ -206,6 +206,7 @@ def program_steps(
                 finish = "tool_calls" if calls else ("stop" if action.stopped else "length")
                 reply = Reply(content or (None if calls else ""), tool_calls, finish, len(prompt_ids), len(agent_ids))
                 conv.answered(call.request, reply.message(), stored, agent_ids, ended, calls)
+                rec.messages[-1] = stored_message(reply.message())  # the answer as the program got it
                 log.append({"call": len(log), "prompt": how, "prompt_tokens": len(prompt_ids),
                             "completion_tokens": len(agent_ids), "finish_reason": finish, **asked})  # fmt: skip
                 call.respond((reply, f"chatcmpl-{session.key[4:16]}-{turn}"))
