@@ -210,6 +210,23 @@ def test_bad_requests_get_the_errors_a_real_server_sends(tokenizer):
     assert calls[1]["asked"] == {"temperature": 0.3, "seed": 5}  # recorded, not honoured (the run's settings govern)
 
 
+def test_a_prompt_past_the_models_context_is_a_400_and_the_episode_goes_on(tokenizer, hf_agent):
+    context = hf_agent.model.config.max_position_embeddings
+    ds = run(rows("too_long", [{"words": context}]), hf_agent, tokenizer)
+    assert ds[0]["statuses"] == ["done"], ds[0]["errors"]
+    assert _answer_of(ds) == "400 context_length_exceeded"
+    calls = infos(ds)[0]["program_calls"]
+    assert calls[0]["error"] == "context_length_exceeded" and calls[0]["prompt_tokens"] > context
+    assert calls[1]["finish_reason"] in ("stop", "length") and ds[0]["num_turns"] == [1]
+
+
+def test_a_program_past_max_turns_is_truncated_and_stopped(tokenizer):
+    agent = TokenScript(tokenizer, lambda r: "ok")
+    ds = run(rows("chat_loop", [{"question": "hi", "calls": 5}], max_turns=2), agent, tokenizer)
+    assert ds[0]["statuses"] == ["truncated"] and ds[0]["num_turns"] == [2] and ds[0]["final_rewards"] == [0.0]
+    assert infos(ds)[0]["program_calls"][-1] == {"call": 2, "error": "max_turns_reached"} and len(agent.log) == 2
+
+
 def test_sampling_fields_refused_when_asked(tokenizer):
     agent = TokenScript(tokenizer, lambda r: "ok")
     ds = run(rows("bad_requests", [{}], sampling_fields="refuse"), agent, tokenizer)

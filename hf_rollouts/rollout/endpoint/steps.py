@@ -16,7 +16,8 @@ Endings (each recorded with its reason; the program's process is killed whenever
   answered 400 ``max_turns_reached`` and the program stopped);
 * it raises, crashes or exits without a result → ``error`` with its exception (the last lines of its stderr);
 * it never called the model → ``error`` saying so; a time limit → ``error`` (``EpisodeTimeout: episode_timeout ...``);
-* a call whose prompt is longer than ``max_prompt_tokens`` is answered 400 ``context_length_exceeded`` and the
+* a call whose prompt is longer than ``max_prompt_tokens``, or than the model's context (the agent raises
+  :class:`~hf_rollouts.agents.hf.agent.ContextLengthError`), is answered 400 ``context_length_exceeded`` and the
   episode goes on (the program may shorten its history); every refused call is in the episode's ``info``.
 
 From the moment the episode ends its key is refused (401): a program that goes on calling cannot write into it.
@@ -30,6 +31,7 @@ from collections.abc import Awaitable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ...agents.hf.agent import ContextLengthError
 from ...agents.stop_strings import stop_string_end
 from ...aio import ENGINE_LOOP
 from ...chat import ChatDelta
@@ -179,6 +181,10 @@ def program_steps(
                 )
                 try:
                     action, agent_state = yield request
+                except ContextLengthError as exc:  # the model's own context: a 400, as a real server answers
+                    log.append({"call": len(log), "error": "context_length_exceeded", "prompt_tokens": len(prompt_ids)})
+                    call.respond(APIError(400, str(exc), code="context_length_exceeded", param="messages"))
+                    continue
                 except Exception as exc:  # the agent failed: the program hears it, the episode records it
                     call.respond(APIError(500, f"The run's agent failed: {type(exc).__name__}: {exc}"))
                     raise
