@@ -23,6 +23,16 @@ sandbox, no network, only the endpoint reachable; :mod:`.launch`), ``model_name`
 other sampling fields; the run's sampling settings govern either way), ``max_prompt_tokens`` (a longer prompt is
 answered 400 ``context_length_exceeded``), ``max_turns`` (model calls per episode, default 32) and the time limits
 (``step_timeout``: the program's time between two calls; ``episode_timeout``: the whole episode, its process killed).
+
+**From the command line**: each row of a dataset becomes one task (its ``task_data``, every column), then the usual
+``generate``, the program's module allowed in both::
+
+    hf-rollouts tasks --program mypkg.agent:run --from-dataset questions.jsonl --verifier exact \
+        --allow-env-module mypkg --output tasks/
+    hf-rollouts generate --tasks tasks/ --model smollm2-tools --allow-env-module mypkg --output rollouts/
+
+(``--env-config '{"isolation": "bwrap"}'`` runs each program in the sandbox; :func:`~.rows.program_task_rows` does
+the same from Python.)
 """
 
 from __future__ import annotations
