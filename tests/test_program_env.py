@@ -358,3 +358,15 @@ def test_cli_tasks_from_a_dataset_for_a_program_then_generate(tmp_path, capsys):
     assert main(generate) == 0
     ds = load_from_disk(str(out_dir))
     assert ds["statuses"] == [["done", "done"]] * 2 and ds["num_turns"] == [[2, 2]] * 2
+
+
+def test_the_fingerprint_follows_the_programs_source(tokenizer):
+    import hashlib
+
+    import hfr_programs
+
+    env = ProgramEnv(tokenizer, {"program": "hfr_programs:chat_loop"})
+    with open(hfr_programs.__file__, "rb") as f:
+        assert env.fingerprint()["program_source"] == hashlib.sha256(f.read()).hexdigest()[:16]
+    other = ProgramEnv(tokenizer, {"program": "hfr_rewards:contains_solution"}).fingerprint()
+    assert other["program_source"] != env.fingerprint()["program_source"] and other["program"] != env.config.program
