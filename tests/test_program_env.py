@@ -98,7 +98,12 @@ def test_tool_loop_through_the_endpoint_is_token_exact(tokenizer, adder):
             assert "5" in tokenizer.decode(delta) and "tool_response" in tokenizer.decode(delta)
         calls_info = infos(ds)[r]["program_calls"]
         assert [c["finish_reason"] for c in calls_info] == ["tool_calls", "stop"]
-        assert [c["prompt"] for c in calls_info] == ["render", "extend"]
+        assert [c["prompt"] for c in calls_info] == ["render", "tool_results"]
+        assert ds[0]["num_tool_calls"][r] == 1 and ds[0]["tool_calls"][r][0]["status"] == "ok"
+        assert ds[0]["tool_calls"][r][0]["name"] == "add" and json.loads(ds[0]["tool_calls"][r][0]["arguments"]) == {
+            "a": 2,
+            "b": 3,
+        }
         conversation = ds[0]["conversations"][r]
         assert [m["role"] for m in conversation] == ["user", "assistant", "tool", "assistant"]
         assert conversation[1]["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 2, "b": 3}'}

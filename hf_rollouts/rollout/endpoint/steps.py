@@ -21,6 +21,11 @@ Endings (each recorded with its reason; the program's process is killed whenever
   episode goes on (the program may shorten its history); every refused call is in the episode's ``info``.
 
 From the moment the episode ends its key is refused (401): a program that goes on calling cannot write into it.
+
+Tool calls parsed from an answer are counted and recorded (``num_tool_calls``, ``tool_calls``) with the status
+``ok`` once the program sends their results back as ``tool`` messages (the next prompt extends with them), else
+``not_run`` (the program runs its tools itself: it may have run them and told the model otherwise, as smolagents'
+text history does). ``seconds`` is 0: the program's tool time is its own.
 """
 
 from __future__ import annotations
@@ -138,7 +143,7 @@ def program_steps(
         try:
             launched = ENGINE_LOOP.submit(env.launch(address, task_data))
             launched.add_done_callback(lambda f: _finished(session, f))
-            truncated, answered = False, 0
+            truncated, answered, pending = False, 0, []
             while True:
                 event, waiter = session.next_event()
                 if waiter is not None:
@@ -171,7 +176,10 @@ def program_steps(
                     truncated = True
                     break
                 turn = answered
-                state = agent_state if how == "extend" else None
+                state = agent_state if how != "render" else None
+                if how == "tool_results":  # the program answered the last calls with their results
+                    for record in pending:
+                        record["status"] = "ok"
                 request = AgentRequest(
                     call.request.messages,
                     prompt_ids,
@@ -201,6 +209,13 @@ def program_steps(
                     else None
                 )
                 content, calls = parsed if parsed is not None else (text, [])
+                pending = [
+                    {"turn": len(rec.turns) - 1, "name": c.name, "status": "not_run", "seconds": 0.0,
+                     "arguments": json.dumps(c.arguments, ensure_ascii=False)}
+                    for c in calls
+                ]  # fmt: skip
+                rec.tool_records += pending
+                rec.num_tool_calls += len(pending)
                 tool_calls = [
                     {
                         "id": c.id,
