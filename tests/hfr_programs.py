@@ -226,3 +226,11 @@ def too_long(endpoint, task):
         seen = f"{exc.status_code} {exc.code}"
     client(endpoint).chat.completions.create(model=endpoint.model, messages=[{"role": "user", "content": "hi"}])
     return {"answer": seen, "reward": 1.0}
+
+
+def crashes(endpoint, task):
+    """Dies without a word after one call (a segfault would look the same: no result written)."""
+    body = {"model": endpoint.model, "messages": [{"role": "user", "content": "hi"}]}
+    post(endpoint, "/chat/completions", json.dumps(body).encode())
+    print("about to die", flush=True)
+    os._exit(3)

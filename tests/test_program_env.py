@@ -249,9 +249,12 @@ def test_faults_are_recorded_and_other_episodes_go_on(tokenizer, tmp_path):
     pid_file = tmp_path / "pid"
     tasks = rows("raises", [{}]).to_list() + rows("hangs", [{"pid_file": str(pid_file)}], episode_timeout=8.0).to_list()
     tasks += rows("never_calls", [{}]).to_list() + rows("chat_loop", [{"question": "hi"}]).to_list()
+    tasks += rows("crashes", [{}]).to_list()
     ds = run(to_task_dataset(tasks), agent, tokenizer)
     statuses, errors = [s[0] for s in ds["statuses"]], [e[0] for e in ds["errors"]]
-    assert statuses == ["error", "error", "error", "done"]
+    assert statuses == ["error", "error", "error", "done", "error"]
+    assert "exited with code 3 without a result" in errors[4] and "about to die" in errors[4]
+    assert ds[4]["num_turns"] == [1]  # its one call is kept with the error
     assert "ValueError: the program broke on purpose" in errors[0]
     assert "episode_timeout" in errors[1], errors[1]
     assert "never called the model" in errors[2]
