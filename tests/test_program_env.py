@@ -138,8 +138,18 @@ def test_tiny_model_plays_a_program_and_every_call_is_recorded(tokenizer, hf_age
             assert ds[row]["num_turns"][r] == (2, 3)[row]
 
 
-def test_concurrent_episodes_never_mix(tokenizer):
-    agent = TokenScript(tokenizer, lambda r: f"{r.messages[-1]['content']} seen")
+class PerRequest(TokenScript):
+    """The same, answering each request on its own on the engine loop (as a server agent or vLLM does)."""
+
+    answers_per_request = True
+
+    async def answer(self, request):
+        return self.act_batch([request])[0]
+
+
+@pytest.mark.parametrize("kind", [TokenScript, PerRequest])
+def test_concurrent_episodes_never_mix(tokenizer, kind):
+    agent = kind(tokenizer, lambda r: f"{r.messages[-1]['content']} seen")
     ds = run(rows("echo_check", [{"tag": f"t{i}"} for i in range(8)]), agent, tokenizer, max_concurrency=8)
     assert ds["final_rewards"] == [[1.0]] * 8
     for i in range(8):
