@@ -10,6 +10,11 @@ seed ``derive_seed(seed, n)``), the answer cut where the request's ``max_tokens`
 While it waits for the program's next call the episode is in the hook ``"program"``: ``step_timeout`` bounds the
 program's time between two calls (and before the first), ``episode_timeout`` the whole episode.
 
+Batching: a per-request agent (vLLM's engine, an inference server) gets each call the moment the program makes it. A
+client-batching agent (``TransformersAgent``) answers one batch when every live episode is asking (the engine's rule
+that keeps a seeded run reproducible), so a program that works long between two calls (a slow tool) holds the
+other episodes' next batch until it calls again or ends; such programs are better served by a per-request agent.
+
 Endings (each recorded with its reason; the program's process is killed whenever the episode ends first):
 
 * the program returns → ``done`` (``truncated`` when it was cut off at ``max_turns`` calls: the next call is
