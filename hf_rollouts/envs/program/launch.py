@@ -69,13 +69,16 @@ class ProgramLaunch:
         binary = find_bwrap(self.bwrap)
         assert binary is not None, INSTALL_HINT
         seen = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), str(CHILD.parent)]
-        read_only = [p for p in dict.fromkeys([*seen, *import_path(), *self.read_only]) if os.path.exists(p)]
+        paths = sorted(p for p in dict.fromkeys([*seen, *import_path(), *self.read_only]) if os.path.exists(p))
+        read_only = [p for p in paths if not any(p.startswith(q.rstrip("/") + "/") for q in paths if q != p)]
+        # a path under another is visible already; one in /tmp would be hidden by the sandbox's own /tmp
+        in_tmp = [p for p in read_only if p == "/tmp" or p.startswith("/tmp/")]
         cmd = bwrap_command(
-            binary, python=sys.executable, read_only=read_only, files={}, tmp_bytes=64 * 2**20,
-            as_root=os.geteuid() == 0, argv=[str(CHILD)],
+            binary, python=sys.executable, read_only=[p for p in read_only if p not in in_tmp], files={},
+            tmp_bytes=64 * 2**20, as_root=os.geteuid() == 0, argv=[str(CHILD)],
         )  # fmt: skip
-        at = cmd.index("--remount-ro")  # writable binds go before the root is made read-only
-        binds = ["--bind", folder, folder]
+        at = cmd.index("--remount-ro")  # binds over the sandbox's /tmp, before the root is made read-only
+        binds = [arg for p in in_tmp if p != "/tmp" for arg in ("--ro-bind", p, p)] + ["--bind", folder, folder]
         if socket_path is not None:
             binds += ["--bind", os.path.dirname(socket_path), os.path.dirname(socket_path)]
         cmd[at:at] = binds
