@@ -7,6 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+class UsageError(Exception):
+    """A mistake in the command line or its inputs: reported as one ``error:`` line, exit code 2."""
+
+
 @dataclass
 class TasksArgs:
     output: str = field(metadata={"help": "Directory to write the task dataset to (save_to_disk)."})

@@ -66,7 +66,7 @@ echo "suite done ($(($(date +%s) - suite_started)) s)"
 LOWEST_TESTS=(
     tests/test_benchmark_bounds.py tests/test_chat.py tests/test_chat_templates.py tests/test_concurrency.py
     tests/test_env_core.py tests/test_kv_cache.py tests/test_model_verifiers.py tests/test_models.py tests/test_sampler.py
-    tests/test_servers.py
+    tests/test_servers.py tests/test_viewer_edges.py
     tests/test_smollm2.py tests/test_stop_strings.py tests/test_tools.py tests/test_train_scripts.py
     tests/test_train_tools.py tests/test_training.py tests/test_training_loop.py tests/test_trl.py
 )

@@ -161,9 +161,9 @@ def compute_stats(ds: Dataset) -> RolloutStats:
         solved_rows = np.bincount(rows, weights=hits, minlength=len(lengths)) > 0
         if judged_rows.any():
             pass_at_k = float(np.mean(solved_rows[judged_rows]))
-    samples = (
-        int(pc.sum(_values(_column(table, "num_samples"))).as_py() or 0) if "num_samples" in table.column_names else None
-    )
+    samples = None  # a dataset written before the samples columns: one sample per rollout
+    if "num_samples" in table.column_names:
+        samples = int(pc.sum(_values(_column(table, "num_samples"))).as_py() or 0)
     envs = pc.value_counts(_column(table, "env_class_path")).to_pylist()
     environments: Counter[str] = Counter()
     for e in envs:

@@ -77,7 +77,8 @@ class ProgramLaunch:
             binary, python=sys.executable, read_only=[p for p in read_only if p not in in_tmp], files={},
             tmp_bytes=64 * 2**20, as_root=os.geteuid() == 0, argv=[str(CHILD)],
         )  # fmt: skip
-        at = cmd.index("--remount-ro")  # binds over the sandbox's /tmp, before the root is made read-only
+        # binds over the sandbox's /tmp, after its tmpfs and before the root is made read-only (the last remount)
+        at = next(i for i in range(len(cmd) - 1) if cmd[i : i + 2] == ["--remount-ro", "/"])
         binds = [arg for p in in_tmp if p != "/tmp" for arg in ("--ro-bind", p, p)] + ["--bind", folder, folder]
         if socket_path is not None:
             binds += ["--bind", os.path.dirname(socket_path), os.path.dirname(socket_path)]
