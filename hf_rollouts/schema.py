@@ -27,6 +27,7 @@ from .task_json import TaskValueError, decode_task_value, encode_task_value
 __all__ = [
     "Column",
     "ROLLOUT_COLUMNS",
+    "SAMPLE_COLUMNS",
     "ROLLOUT_FEATURES",
     "TASK_COLUMNS",
     "TASK_FEATURES",
@@ -239,7 +240,36 @@ ROLLOUT_COLUMNS: tuple[Column, ...] = (
         "[rollout] the env's `info` of the last agent turn as JSON text (`json.loads` it), e.g. a dataset env's "
         "extracted answer, reward components and the reason for a 0; null when empty (no step, or a failed one)",
     ),
+    Column(
+        "num_samples",
+        "num_samples",
+        Value("int32"),
+        None,
+        "[rollout] stored token sequences (samples) of the episode: 1 when every model call extended the last; the "
+        "`padded_*` columns hold the last sample, `earlier_*` the others",
+    ),
+    Column(
+        "sample_calls",
+        "calls_per_sample",
+        List(Value("int32")),
+        None,
+        "[rollout][sample] model calls (agent turns) each sample holds, earlier samples first; sums to `num_turns`",
+    ),
+    *(
+        Column(f"earlier_{name}", f"earlier_{name}", List(List(Value(dtype))), None, f"[rollout][sample][token] {help}")
+        for name, dtype, help in (
+            ("token_ids", "int32", "ids of every sample but the last, unpadded (empty for one sample)"),
+            ("agent_token_mask", "int8", "1 on the agent's tokens of each earlier sample"),
+            ("sampled_token_mask", "int8", "1 where an earlier sample's id is exactly what the agent sampled"),
+            ("per_token_rewards", "float32", "step rewards of each earlier sample's calls, on its agent tokens only"),
+            ("logprobs", "float32", "earlier samples' sampling log-probs (0 off agent tokens; null: none given)"),
+        )
+    ),
 )
+
+SAMPLE_COLUMNS = tuple(c.name for c in ROLLOUT_COLUMNS if c.name.startswith("earlier_"))
+"""The per-token columns of the earlier samples (see :class:`~hf_rollouts.types.Sample`): per-rollout values, not
+padded; a dataset written before them (or an append-only one) has one sample per rollout, the ``padded_*`` columns."""
 
 ROLLOUT_FEATURES = Features({c.name: c.feature for c in ROLLOUT_COLUMNS})
 """Arrow features of the rollout columns. ``padded_logprobs`` is ``None`` for a rollout

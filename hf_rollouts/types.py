@@ -6,7 +6,8 @@ contracts between the parts of the library can be read in one place:
 * an environment asks an agent for an action with an :class:`AgentRequest`;
 * the agent answers with an :class:`Action` (text, and, when it sampled them
   itself, the exact token ids and their log-probabilities);
-* one finished episode is an :class:`Episode` (unpadded, token-level);
+* one finished episode is an :class:`Episode` (unpadded, token-level): one or more :class:`Sample` s, the token
+  sequences the model conditioned on and sampled (one for an append-only episode);
 * :data:`EPISODE_STATUSES` is the closed set of ways an episode can end;
 * a tool call the agent made is a :class:`ToolCall`, and what it returned a :class:`ToolResult`
   (:data:`TOOL_STATUSES`).
@@ -18,8 +19,10 @@ import json
 import math
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
+
+from .sample import Sample, check_sequence
 
 Message = dict[str, Any]
 """One chat message, ``{"role": "system" | "user" | "assistant" | "tool", "content": str}``. In tool
@@ -256,8 +259,8 @@ class Action:
 class Turn:
     """One agent turn inside an episode, for people and for checks.
 
-    ``start``/``end`` delimit the agent's ids in ``full_token_ids``; ``start`` is also
-    the number of stored ids the agent was conditioned on (its prompt is
+    ``start``/``end`` delimit the agent's ids in ``full_token_ids`` of the sample that holds the turn (the episode's
+    own, for one sample); ``start`` is also the number of stored ids the agent was conditioned on (its prompt is
     ``full_token_ids[:start]``).
     """
 
@@ -272,6 +275,15 @@ class Turn:
 class Episode:
     """One complete (unpadded) episode, token by token.
 
+    **Samples.** An episode is one or more :class:`Sample` s. The per-token fields below (``full_token_ids`` ...
+    ``logprobs``, ``tool_token_mask``) are its *last* sample: for an append-only episode (every env played with
+    ``template_mode: "append"``, the default) the whole episode, as always. ``earlier_samples`` holds every sample
+    before it, in order, and ``sample_calls`` how many calls (agent turns) each sample holds, earlier samples first
+    and the last entry this episode's own sample; empty means one sample holding every turn. ``turns`` are all the
+    episode's turns, in order; a turn's ``start``/``end`` index the sample that holds it (the first
+    ``sample_calls[0]`` turns the first sample, and so on). Step rewards lie on their turn's agent tokens in that
+    sample; the ``final_reward`` is the episode's, and training gives every sample its episode's advantage.
+
     Invariants (checked by :meth:`check`):
 
     * all per-token lists have the same length;
@@ -284,7 +296,10 @@ class Episode:
     * ``logprobs`` (when not ``None``) is 0.0 wherever the mask is 0;
     * ``status == "error"`` iff ``error`` is set iff ``final_reward`` is NaN;
     * a ``done`` or ``truncated`` episode has a finite ``final_reward`` and finite
-      ``per_token_rewards`` (NaN or ±inf is never stored as a success).
+      ``per_token_rewards`` (NaN or ±inf is never stored as a success);
+    * each earlier sample obeys the per-token invariants too (and the reward rule), holds at least one call, and
+      ``sample_calls`` (when set) has one entry per sample, matches the earlier samples' ``num_calls`` and sums to
+      ``num_turns``.
     """
 
     full_token_ids: list[int]
@@ -311,6 +326,11 @@ class Episode:
     logprob_settings: dict[str, Any] | None = None
     """How ``logprobs`` were made (:data:`hf_rollouts.schema.LOGPROB_SETTINGS`), set by the expansion from the agent's
     :meth:`~hf_rollouts.agents.base.Agent.logprob_settings`; ``None`` when the agent records none."""
+    earlier_samples: list[Sample] = field(default_factory=list)
+    """Every sample but the last (the episode's own fields), in order; empty for an append-only episode."""
+    sample_calls: list[int] = field(default_factory=list)
+    """Calls (agent turns) per sample, earlier samples first, the last entry the episode's own sample; empty: one
+    sample holding every turn (:attr:`calls_per_sample` gives the list either way)."""
     env_state: Any = field(default=None, repr=False, compare=False)
     """The env's state object at the end of a ``done``/``truncated`` episode, kept only until the task's group
     rewards are computed (:mod:`hf_rollouts.rollout.group`); never stored in a dataset."""
@@ -318,6 +338,42 @@ class Episode:
     @property
     def full_attention_mask(self) -> list[int]:
         return [1] * len(self.full_token_ids)
+
+    @property
+    def num_samples(self) -> int:
+        """How many samples (stored token sequences) the episode has: 1 for an append-only episode."""
+        return len(self.earlier_samples) + 1
+
+    @property
+    def calls_per_sample(self) -> list[int]:
+        """``sample_calls``, or ``[num_turns]`` for an episode that left it empty (one sample): the stored
+        ``sample_calls`` column."""
+        return list(self.sample_calls) if self.sample_calls else [self.num_turns]
+
+    @property
+    def last_sample(self) -> Sample:
+        """The episode's own (last) sample as a :class:`Sample`."""
+        return Sample(
+            self.full_token_ids,
+            self.agent_token_mask,
+            self.sampled_token_mask,
+            self.per_token_rewards,
+            self.logprobs,
+            self.calls_per_sample[-1],
+        )
+
+    @property
+    def samples(self) -> list[Sample]:
+        """Every sample of the episode, in order (``earlier_samples`` then :attr:`last_sample`)."""
+        return [*self.earlier_samples, self.last_sample]
+
+    # the earlier samples' per-token fields, [sample][token] (the ``earlier_*`` rollout columns; logprobs None
+    # for a sample whose agent gave none)
+    earlier_token_ids = property(lambda self: [s.full_token_ids for s in self.earlier_samples])
+    earlier_agent_token_mask = property(lambda self: [s.agent_token_mask for s in self.earlier_samples])
+    earlier_sampled_token_mask = property(lambda self: [s.sampled_token_mask for s in self.earlier_samples])
+    earlier_per_token_rewards = property(lambda self: [s.per_token_rewards for s in self.earlier_samples])
+    earlier_logprobs = property(lambda self: [s.logprobs for s in self.earlier_samples])
 
     @property
     def info_json(self) -> str | None:
@@ -330,19 +386,26 @@ class Episode:
     def check(self) -> None:
         """Raise ``AssertionError`` if an invariant (see the class docstring) is broken."""
         n = len(self.full_token_ids)
-        assert (
-            len(self.agent_token_mask) == n and len(self.per_token_rewards) == n and len(self.sampled_token_mask) == n
-        )
-        assert all(m or not s for m, s in zip(self.agent_token_mask, self.sampled_token_mask)), (
-            "sampled mark on a non-agent token"
-        )
-        assert self.logprobs is None or len(self.logprobs) == n
+        where = "episode" if not self.earlier_samples else f"sample {len(self.earlier_samples)} (the last)"
+        check_sequence(self, where)
         assert not self.tool_token_mask or len(self.tool_token_mask) == n
         assert all(not (t and m) for t, m in zip(self.tool_token_mask, self.agent_token_mask)), (
             "tool mark on an agent token"
         )
-        for m, r in zip(self.agent_token_mask, self.per_token_rewards):
-            assert m == 1 or r == 0.0, "reward on a non-agent token"
+        for i, sample in enumerate(self.earlier_samples):
+            assert isinstance(sample, Sample), f"earlier_samples[{i}] is a {type(sample).__name__}, not a Sample"
+            sample.check(f"sample {i}")
+            problem = reward_rule_violation(self.status, self.final_reward, sample.per_token_rewards)
+            assert problem is None, f"sample {i}: {problem}"
+        if self.sample_calls:
+            calls = self.sample_calls
+            assert len(calls) == self.num_samples, f"sample_calls {calls} for {self.num_samples} samples"
+            assert all(c == s.num_calls for c, s in zip(calls, self.earlier_samples)), (
+                f"sample_calls {calls} differ from the earlier samples' num_calls"
+            )
+            assert sum(calls) == self.num_turns, f"sample_calls {calls} do not sum to num_turns={self.num_turns}"
+        else:
+            assert not self.earlier_samples, "an episode with earlier samples needs its sample_calls"
         assert self.status in EPISODE_STATUSES, f"unknown status {self.status!r}"
         assert self.solved is None or isinstance(self.solved, bool), f"solved is {self.solved!r}, not a bool"
         assert (self.status == "error") == (self.error is not None), "status 'error' iff an error message"
@@ -352,18 +415,25 @@ class Episode:
     def to_dict(self) -> dict[str, Any]:
         """The unpadded episode dictionary ``_run_complete_episode`` returns: every field but ``env_state`` (which
         never leaves the engine), plus the derived ``full_attention_mask`` and ``info_json``. Its keys are the
-        ``source`` names of :data:`hf_rollouts.schema.ROLLOUT_COLUMNS`."""
+        ``source`` names of :data:`hf_rollouts.schema.ROLLOUT_COLUMNS` (``earlier_samples`` as plain dicts)."""
         out = {name: getattr(self, name) for name in _DICT_FIELDS}
-        out["full_attention_mask"] = self.full_attention_mask
-        out["info_json"] = self.info_json
+        out["earlier_samples"] = [asdict(s) for s in self.earlier_samples]
+        for name in _DERIVED:
+            out[name] = getattr(self, name)
         return out
 
     @classmethod
     def from_dict(cls, episode: dict[str, Any]) -> Episode:
         """The :class:`Episode` of an episode dictionary (:meth:`to_dict`'s keys; ``full_attention_mask`` and
-        ``info_json`` are derived, so they are ignored). A missing field raises ``TypeError`` naming it."""
-        return cls(**{name: episode[name] for name in _EPISODE_FIELDS if name in episode})
+        ``info_json`` and the other derived keys are ignored; ``earlier_samples`` may be :class:`Sample` s or their
+        dicts). A missing field raises ``TypeError`` naming it."""
+        values = {name: episode[name] for name in _EPISODE_FIELDS if name in episode}
+        if values.get("earlier_samples"):
+            values["earlier_samples"] = [s if isinstance(s, Sample) else Sample(**s) for s in values["earlier_samples"]]
+        return cls(**values)
 
 
 _EPISODE_FIELDS = tuple(f.name for f in fields(Episode))
 _DICT_FIELDS = tuple(name for name in _EPISODE_FIELDS if name != "env_state")
+_DERIVED = tuple(n for n, v in vars(Episode).items() if isinstance(v, property) and n not in ("samples", "last_sample"))
+"""The derived values :meth:`Episode.to_dict` adds (``full_attention_mask``, ``info_json``, the samples' columns)."""

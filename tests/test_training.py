@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from hf_rollouts.envs.guess_number import GuessNumberEnv
 from hf_rollouts.pipeline import generate_rollouts
 from hf_rollouts.publish import parquet_files, save_rollouts
-from hf_rollouts.schema import ROLLOUT_FEATURES, TASK_FEATURES, encode_task_row
+from hf_rollouts.schema import ROLLOUT_FEATURES, SAMPLE_COLUMNS, TASK_FEATURES, encode_task_row
 from hf_rollouts.training import (
     FLAT_FEATURES,
     RolloutCollator,
@@ -105,6 +105,9 @@ def handmade_rollouts() -> Dataset:
                 "tool_calls": [[] for _ in group],
                 "logprob_settings": [None for _ in group],  # a hand-made dataset: nothing recorded
                 "infos": [None for _ in group],
+                "num_samples": [1 for _ in group],  # append-only: one sample each, in the padded columns
+                "sample_calls": [[r["turns"]] for r in group],
+                **{name: [[] for _ in group] for name in SAMPLE_COLUMNS},
             }
         )
     unknown = set(ROLLOUT_FEATURES) - set(rows[0])

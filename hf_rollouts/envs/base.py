@@ -102,6 +102,8 @@ class MultistepEnv(ABC):
       by at most one turn's sampled tokens.
     * ``reward_placement`` (``"last"`` | ``"spread"``): see
       :data:`hf_rollouts.rollout.REWARD_PLACEMENTS`.
+    * ``template_mode`` (``"append"`` | ``"render"``): how turns become prompts (see
+      :mod:`hf_rollouts.rollout.samples`).
     * ``system_prompt`` (str | None): overrides :meth:`_system_prompt`.
     * ``max_reward`` (float | None): overrides :attr:`default_max_reward` (what counts as solved).
     * ``seed`` (int): seeds task generation (:meth:`get_train_dataset`).
@@ -161,6 +163,7 @@ class MultistepEnv(ABC):
         self.max_turns: int = self.config.max_turns if self.config.max_turns is not None else self.default_max_turns
         self.max_episode_tokens: int | None = self.config.max_episode_tokens
         self.reward_placement: str = self.config.reward_placement
+        self.template_mode: str = self.config.template_mode
         self.max_reward: float | None = (
             self.config.max_reward if self.config.max_reward is not None else self.default_max_reward
         )

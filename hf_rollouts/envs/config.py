@@ -27,6 +27,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
 from ..rollout.recorder import REWARD_PLACEMENTS
+from ..rollout.samples import TEMPLATE_MODES
 
 
 class EnvConfigError(ValueError):
@@ -114,6 +115,12 @@ class EnvConfig:
         "last",
         "`last`: a step's reward on its last agent token; `spread`: split evenly over its agent tokens.",
         choices=REWARD_PLACEMENTS,
+    )
+    template_mode: str = option(
+        "append",
+        "`append`: each turn's prompt is the stored ids plus the new message's delta (one sample per episode); "
+        "`render`: the template's full render of the conversation, a new sample where it rewrites history.",
+        choices=TEMPLATE_MODES,
     )
     system_prompt: str | None = option(None, "System message opening every episode (overrides the env's own).")
     max_reward: float | None = option(

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from datasets import Dataset
 
-from ..schema import ROLLOUT_COLUMNS
+from ..schema import ROLLOUT_COLUMNS, SAMPLE_COLUMNS
 
 
 @dataclass
@@ -93,9 +93,11 @@ def _short_env(path: str) -> str:
 
 def compute_stats(ds: Dataset) -> RolloutStats:
     """Statistics over every rollout of a rollout dataset (see module docstring for definitions)."""
-    # per-rollout values and the int8 masks; token ids, rewards and log-probs are not read
+    # per-rollout values and the int8 masks; token ids, rewards and log-probs (the earlier samples' too) are not read
     light = [
-        c.name for c in ROLLOUT_COLUMNS if c.name in ds.column_names and (not c.is_sequence or c.value.dtype == "int8")
+        c.name
+        for c in ROLLOUT_COLUMNS
+        if c.name in ds.column_names and c.name not in SAMPLE_COLUMNS and (not c.is_sequence or c.value.dtype == "int8")
     ]
     cols = ds.select_columns(["env_class_path", *light])
     rewards, statuses, turns, tokens, agent_tokens, verdicts, task_solved = [], [], [], [], [], [], []

@@ -205,7 +205,7 @@ class _Engine(TimeLimits):
                 ask = partial(self._ask, play)
                 play.steps = door_steps(env, job.session_id, job.task_data, ask, on_error=self.on_error, clock=clock)
             else:
-                play.recorder = EpisodeRecorder(env.chat, env.reward_placement)
+                play.recorder = EpisodeRecorder.for_env(env)
                 play.steps = episode_steps(
                     env, job.session_id, job.task_data, on_error=self.on_error, clock=clock, recorder=play.recorder,
                     seed=job.seed,

@@ -232,7 +232,7 @@ def episode_steps(
     request carries the sampling seed ``derive_seed(seed, t)``."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-    rec = recorder if recorder is not None else EpisodeRecorder(env.chat, env.reward_placement)
+    rec = recorder if recorder is not None else EpisodeRecorder.for_env(env)
     clock = clock if clock is not None else HookClock()
     clock.lock = getattr(env, "hooks_lock", None)
     rec.tools = rec.tools or getattr(env, "tool_turns", None)  # set by an env with executable tools
@@ -258,7 +258,7 @@ def episode_steps(
                 rec.add_env_message(
                     prompt, system=system if step == 0 else None, history=history if step == 0 else None
                 )
-                if env.max_episode_tokens and len(rec.ids) >= env.max_episode_tokens:
+                if env.max_episode_tokens and rec.context_length >= env.max_episode_tokens:
                     break
                 text, agent_state = yield from agent_turn(env, rec, hook, session_id, state, agent_state, seed)
                 if text is None:  # a tool limit ended the episode

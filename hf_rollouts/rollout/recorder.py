@@ -32,6 +32,11 @@ that ends the episode (:data:`TRUNCATED_KEY`; anything else is an :class:`EnvOut
 task is solved; the last step that says it decides ``Episode.solved``. An env that never says leaves it ``None``,
 and the final reward decides against the env's ``max_reward`` (:func:`~hf_rollouts.rollout.group.settle_solved`).
 
+**Samples.** :meth:`EpisodeRecorder.add_call` records one model call from the exact prompt ids the model was
+conditioned on: a prompt that extends the current sample joins it, any other closes it and starts a new sample
+(:mod:`hf_rollouts.sample`); ``template_mode="render"`` plays an env's turns that way, each prompt the template's
+full render of the conversation (:mod:`.samples`). Step rewards land on the agent tokens of the call's own sample.
+
 **Info, kept.** Each step's ``info`` is kept on its :class:`~hf_rollouts.types.Turn`; the last turn's is stored with the
 rollout as JSON text (the ``infos`` column, :attr:`~hf_rollouts.types.Episode.info_json`), whatever it holds.
 """
@@ -40,13 +45,15 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 from collections.abc import Sequence
 from typing import Any
 
 from ..chat import ChatDelta
 from ..chat.tool_turns import ToolTurns
+from ..sample import extends
 from ..types import Action, AgentRequest, Episode, Message, Status, ToolCall, ToolResult, Turn, is_number
+from .samples import TEMPLATE_MODES, SampleSplit, check_action, check_prompt_ids, full_render, show
+from .samples import AgentOutputError as AgentOutputError  # raised by check_action; importable from here as before
 
 REWARD_PLACEMENTS = ("last", "spread")
 """How a step reward lands on tokens. ``"last"`` (default): the whole reward on
@@ -65,23 +72,14 @@ SOLVED_KEY = "solved"
 """The ``info`` key of ``_step_episode`` by which an env says the task is solved (a bool; see above)."""
 
 
-class AgentOutputError(ValueError):
-    """The agent handed over something that cannot be stored as an action."""
-
-
 class EnvOutputError(ValueError):
     """The environment handed over a message or reward that cannot be stored."""
-
-
-def _show(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_reward(value: Any, what: str) -> float:
     """``value`` as a float, or :class:`EnvOutputError` when it is not a finite real number."""
     if not is_number(value):
-        raise EnvOutputError(f"{what} must be a finite number, got {type(value).__name__} {_show(value)}.")
+        raise EnvOutputError(f"{what} must be a finite number, got {type(value).__name__} {show(value)}.")
     value = float(value)
     if not math.isfinite(value):
         raise EnvOutputError(
@@ -113,9 +111,20 @@ def place_reward(rewards: list[float], mask: Sequence[int], turn: Turn, reward: 
 class EpisodeRecorder:
     """Builds one :class:`~hf_rollouts.types.Episode` turn by turn."""
 
-    def __init__(self, chat: ChatDelta, reward_placement: str = "last", tools: ToolTurns | None = None) -> None:
+    def __init__(
+        self,
+        chat: ChatDelta,
+        reward_placement: str = "last",
+        tools: ToolTurns | None = None,
+        template_mode: str = "append",
+    ) -> None:
         if reward_placement not in REWARD_PLACEMENTS:
             raise ValueError(f"reward_placement must be one of {REWARD_PLACEMENTS}, got {reward_placement!r}")
+        if template_mode not in TEMPLATE_MODES:
+            raise ValueError(f"template_mode must be one of {TEMPLATE_MODES}, got {template_mode!r}")
+        self.template_mode = template_mode
+        self.split = SampleSplit()  # the closed samples (add_call)
+        self.pending: list[int] | None = None  # render mode: the next prompt, the template's render of messages
         self.chat = chat
         self.tools = tools  # set for an env with executable tools: turns are parsed for calls
         self.reward_placement = reward_placement
@@ -136,6 +145,11 @@ class EpisodeRecorder:
         self.num_tool_errors = 0
         self.env_truncated = False  # the env said info["truncated"] = True (must end the episode)
         self.env_solved: bool | None = None  # the last info["solved"] the env gave
+
+    @classmethod
+    def for_env(cls, env: Any) -> EpisodeRecorder:
+        """The recorder of one episode of ``env`` (its chat, ``reward_placement`` and ``template_mode``)."""
+        return cls(env.chat, env.reward_placement, template_mode=getattr(env, "template_mode", "append"))
 
     def _append(
         self,
@@ -163,16 +177,15 @@ class EpisodeRecorder:
         if not isinstance(content, str):
             raise EnvOutputError(
                 f"the environment's message (_format_prompt) must be a str, got {type(content).__name__} "
-                f"{_show(content)}."
+                f"{show(content)}."
             )
         if system is not None and not isinstance(system, str):
             raise EnvOutputError(
-                f"the system prompt (_system_prompt) must be a str or None, got {type(system).__name__} "
-                f"{_show(system)}."
+                f"the system prompt (_system_prompt) must be a str or None, got {type(system).__name__} {show(system)}."
             )
-        if history and self.ids:
+        if history and self.messages:
             raise ValueError("Prompt history can only open an episode.")
-        if not self.ids:
+        if not self.messages:
             past = [{"role": m["role"], "content": m["content"]} for m in history or []]
             opening = (
                 ([{"role": "system", "content": system}] if system else [])
@@ -180,17 +193,27 @@ class EpisodeRecorder:
                 + [{"role": "user", "content": content}]
             )
             self.messages.extend(opening)
-            self._append(self.chat.initial_ids(opening), agent=False)
+            if self.template_mode == "append":
+                self._append(self.chat.initial_ids(opening), agent=False)
         else:
             if system:
                 raise ValueError("A system prompt can only open an episode.")
             self.messages.append({"role": "user", "content": content})
-            self._append(self.chat.user_delta_ids(content, self._last_agent_ids, ended=self._last_ended), agent=False)
+            if self.template_mode == "append":
+                delta = self.chat.user_delta_ids(content, self._last_agent_ids, ended=self._last_ended)
+                self._append(delta, agent=False)
+        if self.template_mode == "render":
+            self.pending = full_render(self.chat, self.messages)
+
+    @property
+    def context_length(self) -> int:
+        """Tokens of the next prompt: the stored ids (append mode) or the pending full render (render mode)."""
+        return len(self.pending) if self.pending is not None else len(self.ids)
 
     def request(self, agent_state: Any, session_id: str, seed: int | None = None) -> AgentRequest:
         return AgentRequest(
             messages=list(self.messages),
-            prompt_token_ids=list(self.ids),
+            prompt_token_ids=list(self.pending if self.pending is not None else self.ids),
             agent_state=agent_state,
             session_id=session_id,
             seed=seed,
@@ -198,42 +221,53 @@ class EpisodeRecorder:
 
     def _check_action(self, action: Any) -> None:
         """Raise :class:`AgentOutputError` saying what the agent returned, unless ``action`` can be stored."""
-        if not isinstance(action, Action):
-            raise AgentOutputError(
-                f"the agent returned {type(action).__name__} {_show(action)} instead of an Action; act/act_batch "
-                "must answer (Action, agent_state)."
-            )
-        if not isinstance(action.text, str):
-            raise AgentOutputError(
-                f"the agent returned action text of type {type(action.text).__name__} ({_show(action.text)}); "
-                "get_action must return (str or Action, agent_state), with the text as a str."
-            )
-        if action.token_ids is None:
-            return
-        vocab = len(self.chat.tokenizer)
-        for i, t in enumerate(action.token_ids):
-            if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < vocab:
-                raise AgentOutputError(
-                    f"the agent returned token id {_show(t)} ({type(t).__name__}) at position {i}, outside the "
-                    f"tokenizer's vocabulary [0, {vocab}); an agent must use the env's tokenizer and report the ids "
-                    "it sampled."
-                )
-        if action.logprobs is not None:
-            if len(action.logprobs) != len(action.token_ids):
-                raise AgentOutputError(
-                    f"the agent returned {len(action.token_ids)} token ids but {len(action.logprobs)} "
-                    "log-probabilities; give exactly one per sampled id."
-                )
-            bad = next((p for p in action.logprobs if not is_number(p)), None)
-            if bad is not None:
-                raise AgentOutputError(f"the agent returned a log-probability {_show(bad)} that is not a number.")
+        check_action(action, len(self.chat.tokenizer))
 
     def add_action(self, action: Action) -> str:
         """Append the agent's tokens; returns the action text the environment must parse.
 
-        Raises :class:`AgentOutputError` (nothing appended) when the action cannot be stored.
+        Raises :class:`AgentOutputError` (nothing appended) when the action cannot be stored. In render mode the
+        action is recorded as a call conditioned on the pending render (:meth:`add_call`).
         """
+        if self.pending is not None:
+            prompt, self.pending = self.pending, None
+            self.add_call(prompt, action)
+            return action.text
         self._check_action(action)
+        self._add_agent(action)
+        self.messages.append({"role": "assistant", "content": action.text})
+        return action.text
+
+    def add_call(self, prompt_ids: Sequence[int], action: Action, messages: list[Message] | None = None) -> bool:
+        """Record one model call: the exact ``prompt_ids`` the model was conditioned on, and its ``action`` (the
+        sampled ids and log-probs; a text-only action is tokenized once, as in :meth:`add_action`).
+
+        When the current sample's stored ids are a prefix of ``prompt_ids`` the call joins it: the prompt's tail
+        enters as env tokens, the sampled ids as agent tokens. Otherwise the current sample is closed (kept in
+        ``Episode.earlier_samples``) and a new one starts whose env tokens are the whole prompt. Either way the
+        prompt is a prefix of the stored sample, and the call is a turn (``reward_turn`` puts its step reward on its
+        agent tokens, in this sample). ``messages``: the request's readable conversation; the episode's becomes
+        ``messages`` plus the assistant's answer (default: the answer appended to the recorded conversation).
+        Returns ``True`` when the call started a new sample (a branch; an episode's first call returns ``False``).
+
+        Raises :class:`AgentOutputError` (nothing recorded) when the prompt or the action cannot be stored.
+        """
+        prompt = check_prompt_ids(prompt_ids, len(self.chat.tokenizer))
+        self._check_action(action)
+        branched = not extends(prompt, self.ids)
+        if branched:
+            self.split.close(self, len(self.turns))
+            self.ids, self.mask, self.sampled, self.rewards, self.logprobs, self.tool_mask = [], [], [], [], [], []
+            self.any_logprobs = False
+        self._append(prompt[len(self.ids) :], agent=False)
+        self._add_agent(action)
+        if messages is not None:
+            self.messages = [dict(m) for m in messages]
+        self.messages.append({"role": "assistant", "content": action.text})
+        return branched
+
+    def _add_agent(self, action: Action) -> None:
+        """Append a checked action's tokens as one turn (the ids as sampled, or the text in the assistant framing)."""
         start = len(self.ids)
         if action.token_ids is not None:
             ids = [int(t) for t in action.token_ids]
@@ -246,10 +280,8 @@ class EpisodeRecorder:
             self._append(ids, agent=True)
         self._last_agent_ids = ids
         self._last_ended = self.chat.turn_ended(ids, action.stopped)
-        self.messages.append({"role": "assistant", "content": action.text})
         self.turns.append(Turn(start=start, end=len(self.ids), action=action.text, reward=0.0))
         self.cut_turns += int(not action.stopped)
-        return action.text
 
     def tool_calls(self) -> tuple[str, list[ToolCall]]:
         """The content and tool calls of the last agent turn, ``("", [])`` when there are none to run: the env has
@@ -293,7 +325,7 @@ class EpisodeRecorder:
         for r in results:
             if not isinstance(r.content, str):
                 raise EnvOutputError(
-                    f"tool call {r.call.name!r} answered {type(r.content).__name__} {_show(r.content)}; a "
+                    f"tool call {r.call.name!r} answered {type(r.content).__name__} {show(r.content)}; a "
                     "ToolResult's content must be a str."
                 )
         assert self.tools is not None, "add_tool_results needs the env's ToolTurns"
@@ -301,7 +333,10 @@ class EpisodeRecorder:
         delta = self.tools.result_ids(calls, [r.content for r in results])
         self._record_calls(content, results)
         self.messages.extend(self.tools.tool_messages(calls, [r.content for r in results]))
-        self._append(delta, agent=False, tool=True)
+        if self.template_mode == "render":
+            self.pending = full_render(self.chat, self.messages)
+        else:
+            self._append(delta, agent=False, tool=True)
 
     def record_unanswered(self, content: str, results: list[ToolResult]) -> None:
         """Record the last turn's calls without appending anything (the episode ends before a result is read)."""
@@ -318,7 +353,7 @@ class EpisodeRecorder:
         if info and SOLVED_KEY in info:
             if not isinstance(info[SOLVED_KEY], bool):
                 raise EnvOutputError(
-                    f"_step_episode returned info[{SOLVED_KEY!r}] = {_show(info[SOLVED_KEY])} "
+                    f"_step_episode returned info[{SOLVED_KEY!r}] = {show(info[SOLVED_KEY])} "
                     f"({type(info[SOLVED_KEY]).__name__}); it must be a bool (whether the task is solved)."
                 )
             self.env_solved = info[SOLVED_KEY]
@@ -337,7 +372,7 @@ class EpisodeRecorder:
         flag = (info or {}).get(TRUNCATED_KEY, False)
         if not isinstance(flag, bool):
             raise EnvOutputError(
-                f"_step_episode returned info[{TRUNCATED_KEY!r}] = {_show(flag)} ({type(flag).__name__}); it must be "
+                f"_step_episode returned info[{TRUNCATED_KEY!r}] = {show(flag)} ({type(flag).__name__}); it must be "
                 "a bool (True: the env's own limit ended the episode, stored as 'truncated')."
             )
         self.env_truncated = flag
@@ -349,12 +384,14 @@ class EpisodeRecorder:
             len(self.ids), len(self.mask), len(self.sampled), len(self.rewards), len(self.logprobs), len(self.tool_mask)
         )
         copy = EpisodeRecorder(self.chat, self.reward_placement)
+        copy.split = self.split.copy()
         copy.ids, copy.mask, copy.sampled = self.ids[:n], self.mask[:n], self.sampled[:n]
         copy.tool_mask, copy.tool_records = self.tool_mask[:n], list(self.tool_records)
         copy.num_tool_calls, copy.num_tool_errors = self.num_tool_calls, self.num_tool_errors
         copy.rewards, copy.logprobs, copy.any_logprobs = self.rewards[:n], self.logprobs[:n], self.any_logprobs
         copy.messages = list(self.messages)
-        copy.turns = [t for t in self.turns if t.end <= n]
+        first = copy.split.first_turn  # the current sample's turns index its ids; earlier ones are closed
+        copy.turns = self.turns[:first] + [t for t in self.turns[first:] if t.end <= n]
         copy.cut_turns = self.cut_turns
         return copy.finish("error", math.nan, error=error)
 
@@ -390,6 +427,8 @@ class EpisodeRecorder:
             tool_calls=self.tool_records,
             solved=False if status == "error" else self.env_solved,
             env_state=None if status == "error" else env_state,
+            earlier_samples=list(self.split.earlier),
+            sample_calls=self.split.calls(len(self.turns)),
         )
         episode.check()
         return episode

@@ -123,5 +123,5 @@ def agent_turn(
             return None, agent_state
         results = yield from _answers(env, hook, session_id, state, calls, rec.num_tool_calls)
         rec.add_tool_results(content, results)
-        if env.max_episode_tokens and len(rec.ids) >= env.max_episode_tokens:
+        if env.max_episode_tokens and rec.context_length >= env.max_episode_tokens:
             return None, agent_state
