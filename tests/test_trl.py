@@ -552,3 +552,36 @@ def test_options_are_checked_and_time_limits_reach_the_engine(direct):
     out = timed(_prompts(rows, repeat=1), direct.trainer)
     assert out["env_status"] == ["error"] and "episode_timeout" in out["env_error"][0]
     assert env_reward(prompts=None, completions=None, **out) == [None]
+
+
+def test_episodes_of_several_samples_are_refused_with_the_fix(direct):
+    """A TRL row holds one completion per prompt: an env playing template_mode 'render' is refused before anything
+    runs (to_trl_dataset, and a forged prompt at the rollout function), and an episode of several samples (a
+    program env's) at its row, never trained as its last sample alone."""
+    import json as _json
+
+    from hf_rollouts.integrations.trl.rollout import episode_to_trl_row
+    from hf_rollouts.rollout.recorder import EpisodeRecorder
+    from hf_rollouts.types import Action
+
+    rows = task_rows(1)
+    rows[0]["env_config"] = {"template_mode": "render"}
+    with pytest.raises(TaskValidationError, match=r"row 0: env_config\['template_mode'\] = 'render'.*grpo_update"):
+        to_trl_dataset(to_task_dataset(rows), allowed_env_modules=ALLOWED)
+    forged = _json.loads(_prompts(task_rows(1), repeat=1)[0])
+    forged["env_config"] = {"template_mode": "render"}
+    with pytest.raises(TaskValidationError, match=r"prompt 0 \(task row 0\): env_config\['template_mode'\]"):
+        direct.rollout([_json.dumps(forged)], direct.trainer)
+    tok = direct.tok
+    rec = EpisodeRecorder(TwoTurnDigitsEnv(tok, {}).chat)
+    for text in ("one", "two"):  # two prompts that do not extend each other: two samples
+        text = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        prompt = tok(text, add_special_tokens=False)["input_ids"]
+        rec.add_call(prompt, Action(text="1", token_ids=tok("1", add_special_tokens=False)["input_ids"]))
+    episode = rec.finish("done", 1.0)
+    assert episode.num_samples == 2
+    with pytest.raises(ValueError, match=r"an episode of 2 samples \(\[1, 1\] calls\).*template_mode"):
+        episode_to_trl_row(episode, tok.pad_token_id)
+    single = EpisodeRecorder(TwoTurnDigitsEnv(tok, {}).chat)
+    single.add_call(prompt, Action(text="1", token_ids=tok("1", add_special_tokens=False)["input_ids"]))
+    assert episode_to_trl_row(single.finish("done", 1.0), tok.pad_token_id)["completion_ids"]

@@ -15,7 +15,8 @@ def shuffle_advantages(dataset: Any, seed: int) -> Any:
     real one; only which rollout gets which advantage is random, so the updates no longer follow the reward. With
     GRPO's group-normalised advantages this is the same as shuffling the rewards within each group.
 
-    An empty round (every group dropped: ``prepare_rollouts`` keeps the columns) comes back as it is.
+    A rollout of several samples (several rows with one ``rollout_index``) keeps one advantage on all of them. An
+    empty round (every group dropped: ``prepare_rollouts`` keeps the columns) comes back as it is.
     """
     missing = [c for c in ("group_id", "advantage") if c not in getattr(dataset, "column_names", ())]
     if missing:
@@ -26,14 +27,18 @@ def shuffle_advantages(dataset: Any, seed: int) -> Any:
     if not len(dataset):
         return dataset
     rng = random.Random(seed)
-    groups: dict[Any, list[int]] = defaultdict(list)
-    for i, g in enumerate(dataset["group_id"]):
-        groups[g].append(i)
+    # a rollout of several samples is several rows (one per sample): its advantage moves as one
+    rollouts = dataset["rollout_index"] if "rollout_index" in dataset.column_names else range(len(dataset))
+    groups: dict[Any, dict[Any, list[int]]] = defaultdict(dict)
+    for i, (g, k) in enumerate(zip(dataset["group_id"], rollouts)):
+        groups[g].setdefault(k, []).append(i)
     advantages = list(dataset["advantage"])
     shuffled = list(advantages)
     for members in groups.values():
-        values = [advantages[i] for i in members]
+        rows = list(members.values())
+        values = [advantages[r[0]] for r in rows]
         rng.shuffle(values)
-        for i, v in zip(members, values):
-            shuffled[i] = v
+        for r, v in zip(rows, values):
+            for i in r:
+                shuffled[i] = v
     return dataset.map(lambda row, i: {"advantage": shuffled[i]}, with_indices=True)

@@ -1,6 +1,11 @@
 """Reading rollout datasets for training: score each group, drop what must not be trained on, flatten.
 
 See :mod:`hf_rollouts.training` for the conventions (positions, advantages, errors).
+
+**Samples.** A rollout of one or more samples (:class:`hf_rollouts.sample.Sample`; the ``earlier_*`` columns hold
+every sample but the last, the ``padded_*`` columns the last) flattens to one row per sample, earlier samples
+first, each with its rollout's advantage (computed per group from ``final_rewards``, as for any rollout). A dataset
+without the samples' columns (written before them) has one sample per rollout.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Any
 
 from datasets import Dataset, DatasetDict, Features, List, Value
 
-from ..schema import LOGPROB_SETTINGS, ROLLOUT_FEATURES, require_columns
+from ..schema import LOGPROB_SETTINGS, ROLLOUT_FEATURES, SAMPLE_COLUMNS, require_columns
 from ..sources import load_dataset_source
 from .advantages import RolloutFilter, RolloutFilterReport, drop_reasons, filter_report, group_advantages
 from .convention import dataset_logprob_convention, read_logprob_convention
@@ -38,6 +43,7 @@ FLAT_FEATURES = Features(
         "group_id": Value("int64"),
         "rollout_index": Value("int32"),
         "logprob_settings": LOGPROB_SETTINGS,
+        "sample_index": Value("int32"),
     }
 )
 """One row per rollout, trimmed to the rollout's real length (no per-task
@@ -47,7 +53,10 @@ the source has no ``padded_sampled_token_mask`` column); ``old_logprobs`` is ``N
 whose agent gave no log-probabilities
 and NaN on agent tokens of turns without them; ``group_id`` is the task row's
 index in the loaded dataset and ``rollout_index`` the rollout's index in it; ``logprob_settings`` is how the
-rollout's log-probs were made (:data:`hf_rollouts.schema.LOGPROB_SETTINGS`, ``None`` when not recorded)."""
+rollout's log-probs were made (:data:`hf_rollouts.schema.LOGPROB_SETTINGS`, ``None`` when not recorded).
+``sample_index``: which sample of its rollout the row is (0 for a rollout of one sample; the last sample is
+``num_samples - 1``); every sample of a rollout is a row with the rollout's ``advantage``, ``final_reward``, ``status``
+and ``num_turns`` (all its turns)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,29 @@ def _real_length(attention: Sequence[int], where: str) -> int:
     return n
 
 
+def _samples(batch: dict[str, list], row: int, k: int, n: int) -> list[tuple[Any, ...]]:
+    """Rollout ``k`` of task row ``row`` as its samples ``(ids, attention, agent, sampled, rewards, logprobs)``: the
+    earlier samples (``earlier_*`` columns, where the dataset has them), then the padded last one trimmed to ``n``."""
+    out = []
+    if all(c in batch for c in SAMPLE_COLUMNS) and batch["earlier_token_ids"][row][k]:
+        earlier = [batch[c][row][k] for c in SAMPLE_COLUMNS]
+        for ids, agent, sampled, rewards, logprobs in zip(*earlier):
+            out.append((ids, [1] * len(ids), agent, sampled, rewards, logprobs))
+    sampled = batch["padded_sampled_token_mask"][row][k] if "padded_sampled_token_mask" in batch else None
+    logprobs = batch["padded_logprobs"][row][k]
+    out.append(
+        (
+            batch["padded_full_token_ids"][row][k][:n],
+            batch["padded_full_attention_mask"][row][k][:n],
+            batch["padded_agent_token_mask"][row][k][:n],
+            None if sampled is None else sampled[:n],
+            batch["padded_per_token_rewards"][row][k][:n],
+            None if logprobs is None else logprobs[:n],
+        )
+    )
+    return out
+
+
 def _flatten_batch(
     batch: dict[str, list], indices: list[int], *, opts: RolloutFilter, group_ids: list[int]
 ) -> dict[str, list]:
@@ -79,27 +111,27 @@ def _flatten_batch(
         advantages = group_advantages(rewards, statuses, opts.advantage, opts.eps)
         reasons = drop_reasons(rewards, statuses, opts)
         turns = batch["num_turns"][row] if "num_turns" in batch else [None] * len(rewards)
+        settings = batch["logprob_settings"][row] if "logprob_settings" in batch else None
         for k, reason in enumerate(reasons):
             if reason:
                 continue
             n = _real_length(batch["padded_full_attention_mask"][row][k], f"group {group_ids[idx]}, rollout {k}")
-            logprobs = batch["padded_logprobs"][row][k]
-            out["input_ids"].append(batch["padded_full_token_ids"][row][k][:n])
-            out["attention_mask"].append(batch["padded_full_attention_mask"][row][k][:n])
-            out["agent_mask"].append(batch["padded_agent_token_mask"][row][k][:n])
-            sampled = batch["padded_sampled_token_mask"][row][k] if "padded_sampled_token_mask" in batch else None
-            out["sampled_mask"].append(None if sampled is None else sampled[:n])
-            out["per_token_rewards"].append(batch["padded_per_token_rewards"][row][k][:n])
-            out["old_logprobs"].append(None if logprobs is None else logprobs[:n])
-            out["final_reward"].append(math.nan if rewards[k] is None else rewards[k])
-            out["advantage"].append(advantages[k])
-            out["advantage_mode"].append(opts.advantage)
-            out["status"].append(statuses[k])
-            out["num_turns"].append(turns[k])
-            out["group_id"].append(group_ids[idx])
-            out["rollout_index"].append(k)
-            settings = batch["logprob_settings"][row] if "logprob_settings" in batch else None
-            out["logprob_settings"].append(settings[k] if settings else None)
+            for j, (ids, attention, agent, sampled, token_rewards, logprobs) in enumerate(_samples(batch, row, k, n)):
+                out["input_ids"].append(ids)
+                out["attention_mask"].append(attention)
+                out["agent_mask"].append(agent)
+                out["sampled_mask"].append(sampled)
+                out["per_token_rewards"].append(token_rewards)
+                out["old_logprobs"].append(logprobs)
+                out["final_reward"].append(math.nan if rewards[k] is None else rewards[k])
+                out["advantage"].append(advantages[k])  # the episode's, on every one of its samples
+                out["advantage_mode"].append(opts.advantage)
+                out["status"].append(statuses[k])
+                out["num_turns"].append(turns[k])
+                out["group_id"].append(group_ids[idx])
+                out["rollout_index"].append(k)
+                out["logprob_settings"].append(settings[k] if settings else None)
+                out["sample_index"].append(j)
     return out
 
 
@@ -136,8 +168,9 @@ def prepare_rollouts(
             writes), a directory of parquet files, a parquet file or glob, a Hub dataset id
             (``load_dataset(source, split=split)``), or a ``Dataset``/``DatasetDict`` in memory
             (see :func:`hf_rollouts.sources.load_dataset_source`).
-        flatten: ``True``: one row per kept rollout with :data:`FLAT_FEATURES`,
-            trimmed to the rollout's real length (what :class:`~.collate.RolloutCollator` takes).
+        flatten: ``True``: one row per sample of each kept rollout (one per rollout for append-only episodes)
+            with :data:`FLAT_FEATURES`, trimmed to its real length (what :class:`~.collate.RolloutCollator` takes);
+            every sample of a rollout carries the rollout's advantage.
             ``False``: the task rows, with every per-rollout list column
             (:data:`PER_ROLLOUT_COLUMNS`) reduced to the kept rollouts (sequences
             stay padded to the task's original width) plus ``advantages``,

@@ -78,7 +78,8 @@ class UpdateConfig:
 
 @dataclass(frozen=True)
 class UpdateMetrics:
-    """What :func:`grpo_update` did: ``steps`` optimizer steps over ``rollouts`` rows; ``loss``, ``clip_fraction``,
+    """What :func:`grpo_update` did: ``steps`` optimizer steps over ``rollouts`` rows (one per sample: a rollout of
+    several samples is several rows); ``loss``, ``clip_fraction``,
     ``approx_kl`` (k3 vs the sampling policy), ``kl`` (vs the reference, 0 without) and ``grad_norm`` (before
     clipping) are means over the steps (each step's over its whole minibatch, every process's share), NaN when there
     was no step. With ``importance_sampling_cap``: ``logprob_gap_max`` / ``logprob_gap_mean`` (``|trainer -
@@ -215,6 +216,12 @@ def grpo_update(
     docstring). The model is in ``train()`` during the steps and ``eval()`` after. Returns :class:`UpdateMetrics`.
     ``config.importance_sampling_cap``: truncated importance sampling against the sampler/trainer mismatch
     (:class:`UpdateConfig`; every process computes the whole round's trainer log-probs).
+
+    **Normalisation.** A step's loss is the mean over the loss tokens of its whole minibatch (:func:`~.loss.grpo_loss`;
+    under accelerate, over every process's share). An episode of several samples is several rows, each with the
+    episode's advantage; each sampled token lies in exactly one sample (the env tokens a new sample repeats are never
+    loss tokens), so the loss divides by the sampled tokens over all samples, and an episode weighs by its sampled
+    tokens, exactly as the same calls played append-only in one row would.
     """
     config = config or UpdateConfig()
     dataset = rollouts.dataset if isinstance(rollouts, PreparedRollouts) else rollouts

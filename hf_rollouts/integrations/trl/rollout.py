@@ -25,7 +25,7 @@ from .agents import (
     vllm_client,
 )
 from .colocate import colocated_llm
-from .dataset import task_from_prompt
+from .dataset import ONE_SAMPLE, refuse_render_mode, task_from_prompt
 
 EXTRA_FIELDS = (
     "env_final_reward",
@@ -152,6 +152,7 @@ class RolloutFunc:
 
     def _env(self, tokenizer: PreTrainedTokenizerBase, task: dict[str, Any], where: str) -> MultistepEnv:
         config = task["env_config"]
+        refuse_render_mode(config, where)
         key = (id(tokenizer), task["env_class_path"], json.dumps(config, sort_keys=True, default=str))
         if key not in self._envs:
             try:
@@ -167,7 +168,12 @@ class RolloutFunc:
 
 
 def episode_to_trl_row(episode: Episode, pad_id: int) -> dict[str, Any]:
-    """One rollout-function row from an unpadded episode (see :mod:`hf_rollouts.integrations.trl`)."""
+    """One rollout-function row from an unpadded episode (see :mod:`hf_rollouts.integrations.trl`); a ``ValueError``
+    for an episode of several samples, which one row cannot hold (:data:`~.dataset.ONE_SAMPLE`)."""
+    if episode.num_samples > 1:
+        raise ValueError(
+            f"an episode of {episode.num_samples} samples ({episode.calls_per_sample} calls): {ONE_SAMPLE}"
+        )
     ids, mask = list(episode.full_token_ids), list(episode.agent_token_mask)
     logprobs = episode.logprobs
     if logprobs is None:  # an agent that reports none: NaN on agent tokens (TRL ignores NaN), 0 elsewhere
