@@ -229,9 +229,15 @@ def episode_steps(
     :class:`HookAwait` and receive its result. An exception thrown into the generator at a ``yield`` (the agent or
     an async hook failed) is recorded like any other. ``recorder`` lets the caller keep a handle on the episode's
     tokens (to record a partial trajectory if a hook never returns). With ``seed`` (the episode's), turn ``t``'s
-    request carries the sampling seed ``derive_seed(seed, t)``."""
+    request carries the sampling seed ``derive_seed(seed, t)``. An env with an ``episode_loop`` method (the agent
+    program env) is played by it instead, with the same arguments."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    own_loop = getattr(env, "episode_loop", None)  # an env that plays its episodes its own way (an agent program)
+    if own_loop is not None:
+        return (
+            yield from own_loop(session_id, task_data, on_error=on_error, clock=clock, recorder=recorder, seed=seed)
+        )
     rec = recorder if recorder is not None else EpisodeRecorder.for_env(env)
     clock = clock if clock is not None else HookClock()
     clock.lock = getattr(env, "hooks_lock", None)
