@@ -122,6 +122,7 @@ def tasks_parser() -> HfArgumentParser:
 def _dataset_tasks(args):
     """``tasks --from-dataset``: the source's rows as task rows of the dataset env, every row checked first."""
     from .envs.dataset import answer_column_option, load_source, to_task_rows
+    from .envs.program import program_task_rows
 
     config = _json_dict(args.env_config, "--env-config")
     if args.verifier:
@@ -138,6 +139,8 @@ def _dataset_tasks(args):
         raise UsageError(f"--from-dataset {args.from_dataset}: {exc}") from exc
     if args.num_tasks is not None:
         ds = ds.select(range(min(args.num_tasks, len(ds))))
+    if args.program:  # an agent program's tasks: each row is its task_data
+        return program_task_rows(ds, args.program, config, args.allow_env_module)
     prompt_column = None if args.prompt_template else args.prompt_column
     answer_column = answer_column_option(args.answer_column, args.tests_column)
     options = dict(prompt_column=prompt_column, answer_column=answer_column, prompt_template=args.prompt_template)

@@ -32,6 +32,13 @@ class TasksArgs:
     )
     num_tasks: int | None = field(default=None, metadata={"help": "Number of tasks (default: all of the split)."})
     env_config: str | None = field(default=None, metadata={"help": "JSON env_config, e.g. '{\"max_turns\": 6}'."})
+    program: str | None = field(
+        default=None,
+        metadata={
+            "help": "--from-dataset: make tasks of an agent program instead, 'package.module:function' (each row its "
+            "task; allow the module with --allow-env-module; --verifier scores its answer)."
+        },
+    )
     dataset_config: str | None = field(
         default=None, metadata={"help": "--from-dataset: the Hub dataset's config (subset), e.g. 'main' for gsm8k."}
     )

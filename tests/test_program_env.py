@@ -309,3 +309,35 @@ def test_a_sandboxed_program_reaches_the_endpoint_and_nothing_else(tokenizer):
         "call": "stop",
     }
     assert json.loads(_answer_of(plain)) == {"read": "host secret", "net": "connected", "call": "stop"}
+
+
+def test_cli_tasks_from_a_dataset_for_a_program_then_generate(tmp_path, capsys):
+    from datasets import load_from_disk
+
+    from hf_rollouts.cli import main
+
+    source = tmp_path / "questions.jsonl"
+    source.write_text("\n".join(json.dumps({"question": q, "answer": "4"}) for q in ("2 + 2?", "3 + 1?")))
+    tasks_dir, out_dir = tmp_path / "tasks", tmp_path / "out"
+    args = ["tasks", "--program", "hfr_programs:chat_loop", "--from-dataset", str(source), "--output", str(tasks_dir)]
+    assert main(args) == 2  # the program's module is code: refused unless allowed
+    assert "--allow-env-module hfr_programs" in capsys.readouterr().err
+    assert main([*args, "--allow-env-module", "hfr_programs"]) == 0
+    tasks = load_from_disk(str(tasks_dir))
+    assert tasks["env_class_path"] == [PATH] * 2
+    assert json.loads(tasks[1]["task_data"]) == {"question": "3 + 1?", "answer": "4"}
+    generate = [
+        "generate",
+        "--tasks",
+        str(tasks_dir),
+        "--model",
+        "tiny",
+        "--num-rollouts",
+        "2",
+        "--max-new-tokens",
+        "6",
+    ]
+    generate += ["--allow-env-module", "hfr_programs", "--output", str(out_dir), "--cache-dir", str(tmp_path / "c")]
+    assert main(generate) == 0
+    ds = load_from_disk(str(out_dir))
+    assert ds["statuses"] == [["done", "done"]] * 2 and ds["num_turns"] == [[2, 2]] * 2

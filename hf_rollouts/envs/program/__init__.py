@@ -5,6 +5,7 @@ is handed)."""
 from .child import ProgramEndpoint
 from .env import ProgramConfig, ProgramEnv, program_module
 from .launch import ISOLATIONS, ProgramLaunch, run_program
+from .rows import program_task_rows
 
 __all__ = [
     "ISOLATIONS",
@@ -13,5 +14,6 @@ __all__ = [
     "ProgramEnv",
     "ProgramLaunch",
     "program_module",
+    "program_task_rows",
     "run_program",
 ]
