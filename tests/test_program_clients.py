@@ -307,3 +307,58 @@ def test_a_grpo_step_on_smolagents_rollouts(tiny):
     metrics = grpo_update(model, optimizer, prepared, pad_token_id=tok.pad_token_id, config=UpdateConfig())
     assert metrics.rollouts == 8 and math.isfinite(metrics.loss) and metrics.grad_norm > 0
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+# -- the guide's example ---------------------------------------------------------------------------------------------
+
+
+def test_the_guides_program_plays_and_trains(tmp_path, monkeypatch):
+    """docs/guides/agent-programs.md: its ``my_agent.py``, saved as a user would, and its script, which prints what
+    the guide shows."""
+    import contextlib
+    import io
+    import re
+    import sys
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "agent-programs.md").read_text()
+
+    def block(lang: str, containing: str) -> str:
+        (found,) = [b for b in re.findall(rf"```{lang}\n(.*?)```", guide, flags=re.S) if containing in b]
+        return found
+
+    (tmp_path / "my_agent.py").write_text(block("python", "def run(endpoint, task):\n    model = OpenAIServerModel"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_agent", raising=False)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(block("python", "program_task_rows(questions"), "the guide's script", "exec"), {})
+    assert printed.getvalue() == block("text", "training rows"), "the guide shows another output: update it"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("program", ["smolagents_tool_calling", "smolagents_code", "agents_sdk", "openai_loop"])
+def test_smollm2_plays_every_harness_token_exactly(program):
+    """SmolLM2-135M with its tool-capable template (``smollm2-tools``) through each harness: the same invariants."""
+    from hf_rollouts.agents import SamplingConfig, load_agent
+
+    base = load_agent("smollm2-tools", SamplingConfig(temperature=1.0, max_new_tokens=48))
+    agent = Recorded(base.model, base.tokenizer, temperature=1.0, max_new_tokens=48, seed=0)
+    agent.log = {}
+    (row,) = play(program, agent, num_rollouts=2, task={"max_steps": 2}, verifier="numeric")
+    assert all(s in ("done", "truncated") for s in row["statuses"]), row["errors"]
+    remaining = list(agent.log.values())
+    for r in range(2):
+        matched = [i for i, calls in enumerate(remaining) if _matches(row, r, calls)]
+        assert matched, f"rollout {r} of {program} matches none of the recorded episodes"
+        remaining.pop(matched[0])
+    print(program, "rewards", row["final_rewards"], "samples", row["num_samples"], "calls", row["num_turns"])
+
+
+def _matches(row: dict, r: int, calls) -> bool:
+    try:
+        check_token_truth(row, r, calls)
+    except AssertionError:
+        return False
+    return True
