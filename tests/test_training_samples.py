@@ -150,3 +150,28 @@ def test_a_dataset_written_before_the_sample_columns_trains_as_before(tiny):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     metrics = grpo_update(model, optimizer, flat_old, pad_token_id=tok.pad_token_id, temperature=1.0)
     assert metrics.rollouts == len(flat_old) and math.isfinite(metrics.loss)
+
+
+def test_samples_survive_saving_to_disk_and_parquet(branched, tmp_path):
+    """The nested per-rollout columns round-trip through save_to_disk and parquet, and train the same rows."""
+    branched.save_to_disk(str(tmp_path / "saved"))
+    branched.to_parquet(str(tmp_path / "rollouts.parquet"))
+    expected = prepare_rollouts(branched, flatten=True, drop_constant_groups=False, progress=False).dataset
+    for source in (tmp_path / "saved", tmp_path / "rollouts.parquet"):
+        rows = prepare_rollouts(str(source), flatten=True, drop_constant_groups=False, progress=False).dataset
+        assert rows["input_ids"] == expected["input_ids"] and rows["sample_index"] == expected["sample_index"]
+        assert rows["old_logprobs"] == expected["old_logprobs"]
+
+
+def test_the_card_statistics_count_the_samples(branched):
+    from hf_rollouts.publish import compute_stats
+
+    stats = compute_stats(branched)
+    total = sum(n for row in branched["num_samples"] for n in row)
+    assert stats.samples == total > stats.rollouts
+    assert (
+        "samples",
+        f"{total} ({total - stats.rollouts} branches; tokens per episode count each one's last sample)",
+    ) in stats.table()
+    old = compute_stats(branched.remove_columns(["num_samples", "sample_calls", *SAMPLE_COLUMNS]))
+    assert old.samples == old.rollouts and not any(name == "samples" for name, _ in old.table())

@@ -46,23 +46,38 @@ class RolloutStats:
     rollouts_with_tool_calls: int = 0
     tool_statuses: dict[str, int] | None = None
     mean_tool_seconds: float = math.nan
+    samples: int = 0
+    """Stored token sequences over every rollout (the ``num_samples`` column; one per rollout when absent)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def table(self) -> list[tuple[str, str]]:
         k = self.rollouts_per_task
-        return [
-            ("tasks", f"{self.tasks}"),
-            ("rollouts", f"{self.rollouts} ({k} per task)"),
-            ("mean final reward", f"{self.mean_final_reward:.4f} ± {self.std_final_reward:.4f} (std, errors excluded)"),
-            ("solve rate (pass@1)", self._solve_rate()),
-            (f"pass@{k}", "n/a" if math.isnan(self.pass_at_k) else f"{self.pass_at_k:.4f}"),
-            ("turns per episode", f"{self.mean_turns:.2f}"),
-            ("turns cut by the token budget", f"{self.cut_turns}"),
-            ("tokens per episode", f"{self.mean_tokens:.1f} ({self.mean_agent_tokens:.1f} sampled by the agent)"),
-            ("status counts", f"done {self.done}, truncated {self.truncated}, error {self.errors}"),
-        ] + self._tool_rows()
+        return (
+            [
+                ("tasks", f"{self.tasks}"),
+                ("rollouts", f"{self.rollouts} ({k} per task)"),
+                (
+                    "mean final reward",
+                    f"{self.mean_final_reward:.4f} ± {self.std_final_reward:.4f} (std, errors excluded)",
+                ),
+                ("solve rate (pass@1)", self._solve_rate()),
+                (f"pass@{k}", "n/a" if math.isnan(self.pass_at_k) else f"{self.pass_at_k:.4f}"),
+                ("turns per episode", f"{self.mean_turns:.2f}"),
+                ("turns cut by the token budget", f"{self.cut_turns}"),
+                ("tokens per episode", f"{self.mean_tokens:.1f} ({self.mean_agent_tokens:.1f} sampled by the agent)"),
+                ("status counts", f"done {self.done}, truncated {self.truncated}, error {self.errors}"),
+            ]
+            + self._sample_rows()
+            + self._tool_rows()
+        )
+
+    def _sample_rows(self) -> list[tuple[str, str]]:
+        if self.samples <= self.rollouts:
+            return []
+        branches = self.samples - self.rollouts
+        return [("samples", f"{self.samples} ({branches} branches; tokens per episode count each one's last sample)")]
 
     def _solve_rate(self) -> str:
         if not self.judged:
@@ -104,6 +119,7 @@ def compute_stats(ds: Dataset) -> RolloutStats:
     envs: Counter[str] = Counter()
     k = 0
     cut_turns = sum(map(sum, ds["num_cut_turns"])) if "num_cut_turns" in ds.column_names else 0
+    samples = sum(map(sum, ds["num_samples"])) if "num_samples" in ds.column_names else None
     for row in cols:
         envs[_short_env(row["env_class_path"])] += 1
         k = max(k, len(row["final_rewards"]))
@@ -145,6 +161,7 @@ def compute_stats(ds: Dataset) -> RolloutStats:
         truncated=count.get("truncated", 0),
         errors=count.get("error", 0),
         environments=dict(envs),
+        samples=int(samples) if samples is not None else len(rewards),
         **tools,
     )
 

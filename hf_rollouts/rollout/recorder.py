@@ -52,7 +52,7 @@ from ..chat import ChatDelta
 from ..chat.tool_turns import ToolTurns
 from ..sample import extends
 from ..types import Action, AgentRequest, Episode, Message, Status, ToolCall, ToolResult, Turn, is_number
-from .samples import TEMPLATE_MODES, SampleSplit, check_action, check_prompt_ids, full_render, show
+from .samples import TEMPLATE_MODES, SampleSplit, check_action, check_prompt_ids, full_render, message_problem, show
 from .samples import AgentOutputError as AgentOutputError  # raised by check_action; importable from here as before
 
 REWARD_PLACEMENTS = ("last", "spread")
@@ -250,10 +250,13 @@ class EpisodeRecorder:
         ``messages`` plus the assistant's answer (default: the answer appended to the recorded conversation).
         Returns ``True`` when the call started a new sample (a branch; an episode's first call returns ``False``).
 
-        Raises :class:`AgentOutputError` (nothing recorded) when the prompt or the action cannot be stored.
+        Raises :class:`AgentOutputError` (nothing recorded) when the prompt or the action cannot be stored, and
+        :class:`EnvOutputError` when ``messages`` cannot (:func:`~.samples.message_problem`).
         """
         prompt = check_prompt_ids(prompt_ids, len(self.chat.tokenizer))
         self._check_action(action)
+        if messages is not None and (problem := message_problem(messages)) is not None:
+            raise EnvOutputError(f"add_call: {problem}.")
         branched = not extends(prompt, self.ids)
         if branched:
             self.split.close(self, len(self.turns))

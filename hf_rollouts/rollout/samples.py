@@ -78,6 +78,22 @@ class SampleSplit:
         return out
 
 
+def message_problem(messages: Any) -> str | None:
+    """What makes ``messages`` (a call's readable conversation) unstorable in the ``conversations`` column, or
+    ``None``: it must be a list of dicts whose ``role`` is a ``str`` and ``content`` a ``str`` or ``None`` (join a
+    request's content parts to text first)."""
+    if not isinstance(messages, list):
+        return f"messages must be a list of message dicts, got {type(messages).__name__}"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            return f"message {i} must be a dict with a str 'role', got {show(m)}"
+        if not isinstance(m.get("content"), (str, type(None))):
+            return (
+                f"message {i}'s content must be a str or None, got {type(m['content']).__name__} {show(m['content'])}"
+            )
+    return None
+
+
 def check_prompt_ids(prompt_ids: Any, vocab: int) -> list[int]:
     """``prompt_ids`` as a list of ints, or :class:`AgentOutputError` when it is not a sequence of ids in
     ``[0, vocab)``."""

@@ -23,10 +23,23 @@ sandbox, no network, only the endpoint reachable; :mod:`.launch`), ``model_name`
 other sampling fields; the run's sampling settings govern either way), ``max_prompt_tokens`` (a longer prompt is
 answered 400 ``context_length_exceeded``), ``max_turns`` (model calls per episode, default 32) and the time limits
 (``step_timeout``: the program's time between two calls; ``episode_timeout``: the whole episode, its process killed).
+
+**From the command line**: each row of a dataset becomes one task (its ``task_data``, every column), then the usual
+``generate``, the program's module allowed in both::
+
+    hf-rollouts tasks --program mypkg.agent:run --from-dataset questions.jsonl --verifier exact \
+        --allow-env-module mypkg --output tasks/
+    hf-rollouts generate --tasks tasks/ --model smollm2-tools --allow-env-module mypkg --output rollouts/
+
+(``--env-config '{"isolation": "bwrap"}'`` runs each program in the sandbox; :func:`~.rows.program_task_rows` does
+the same from Python.)
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +62,19 @@ def program_module(spec: Any) -> str | None:
         module, _, name = spec.rpartition(".")
     parts = [*module.split("."), *name.split(".")]
     return module if module and name and all(p.isidentifier() for p in parts) else None
+
+
+def program_source(spec: str) -> str | None:
+    """A hash of the source file of the module ``spec`` names (``None`` when it has none, e.g. a built-in)."""
+    module = program_module(spec)
+    try:
+        found = importlib.util.find_spec(module) if module else None
+    except (ImportError, ValueError):
+        found = None
+    if found is None or not found.origin or not os.path.isfile(found.origin):
+        return None
+    with open(found.origin, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,7 +161,13 @@ class ProgramEnv(MultistepEnv):
         return {"verifier": models} if models else {}
 
     def fingerprint(self) -> dict[str, Any]:
-        out = super().fingerprint()
+        """The env's, the verifier's, and the program's: its spec and a hash of its module's source file (editing the
+        program makes new rollouts; the module is found, not imported, once the trust rule has allowed it)."""
+        out = {
+            **super().fingerprint(),
+            "program": self.config.program,
+            "program_source": program_source(self.config.program),
+        }
         return {**out, "verifier": self.rubric.fingerprint()} if self.rubric is not None else out
 
     def validate_task_data(self, task_data: dict[str, Any]) -> None:

@@ -67,6 +67,10 @@ Pitfalls and how they are handled:
    ``max_new_tokens`` (per agent turn) and the env's ``max_turns`` / ``max_episode_tokens``.
 5. The ``completions`` text TRL decodes includes env text. Score with :func:`env_reward` or read
    ``env_messages``; a text reward function must not treat ``completions`` as the model's answer.
+6. A row holds one completion per prompt, so an episode must be one sample
+   (:class:`~hf_rollouts.sample.Sample`): :func:`to_trl_dataset` and the rollout function refuse a row whose env
+   plays ``template_mode: "render"``, and an episode of several samples (an agent program whose history is not an
+   extension) is a ``ValueError`` at its row naming the fix, never trained as its last sample alone.
 
 With ``use_vllm`` (server mode) the agent turns are sampled by TRL's vLLM client,
 ``trainer.vllm_generation.vllm_client`` (TRL syncs the weights before each call). Start the server

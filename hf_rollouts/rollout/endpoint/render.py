@@ -99,11 +99,12 @@ class Conversation:
     calls: list[ToolCall] = field(default_factory=list)
 
     def prompt(self, request: ChatRequest) -> tuple[list[int], str]:
-        """The prompt ids of ``request`` and how they were made (``"extend"`` or ``"render"``)."""
+        """The prompt ids of ``request`` and how they were made: ``"extend"`` (a user message), ``"tool_results"``
+        (the results of the last answer's calls) or ``"render"``."""
         chat = self.renderer.chat(request.tools)
         delta = self._delta(request, chat)
         if delta is not None:
-            return self.ids + delta, "extend"
+            return self.ids + delta, "tool_results" if request.messages[-1]["role"] == "tool" else "extend"
         return chat.initial_ids(request.messages), "render"
 
     def _delta(self, request: ChatRequest, chat: ChatDelta) -> list[int] | None:

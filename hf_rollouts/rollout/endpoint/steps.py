@@ -10,16 +10,27 @@ seed ``derive_seed(seed, n)``), the answer cut where the request's ``max_tokens`
 While it waits for the program's next call the episode is in the hook ``"program"``: ``step_timeout`` bounds the
 program's time between two calls (and before the first), ``episode_timeout`` the whole episode.
 
+Batching: a per-request agent (vLLM's engine, an inference server) gets each call the moment the program makes it. A
+client-batching agent (``TransformersAgent``) answers one batch when every live episode is asking (the engine's rule
+that keeps a seeded run reproducible), so a program that works long between two calls (a slow tool) holds the
+other episodes' next batch until it calls again or ends; such programs are better served by a per-request agent.
+
 Endings (each recorded with its reason; the program's process is killed whenever the episode ends first):
 
 * the program returns → ``done`` (``truncated`` when it was cut off at ``max_turns`` calls: the next call is
   answered 400 ``max_turns_reached`` and the program stopped);
 * it raises, crashes or exits without a result → ``error`` with its exception (the last lines of its stderr);
 * it never called the model → ``error`` saying so; a time limit → ``error`` (``EpisodeTimeout: episode_timeout ...``);
-* a call whose prompt is longer than ``max_prompt_tokens`` is answered 400 ``context_length_exceeded`` and the
+* a call whose prompt is longer than ``max_prompt_tokens``, or than the model's context (the agent raises
+  :class:`~hf_rollouts.agents.hf.agent.ContextLengthError`), is answered 400 ``context_length_exceeded`` and the
   episode goes on (the program may shorten its history); every refused call is in the episode's ``info``.
 
 From the moment the episode ends its key is refused (401): a program that goes on calling cannot write into it.
+
+Tool calls parsed from an answer are counted and recorded (``num_tool_calls``, ``tool_calls``) with the status
+``ok`` once the program sends their results back as ``tool`` messages (the next prompt extends with them), else
+``not_run`` (the program runs its tools itself: it may have run them and told the model otherwise, as smolagents'
+text history does). ``seconds`` is 0: the program's tool time is its own.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ from collections.abc import Awaitable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ...agents.hf.agent import ContextLengthError
 from ...agents.stop_strings import stop_string_end
 from ...aio import ENGINE_LOOP
 from ...chat import ChatDelta
@@ -136,7 +148,7 @@ def program_steps(
         try:
             launched = ENGINE_LOOP.submit(env.launch(address, task_data))
             launched.add_done_callback(lambda f: _finished(session, f))
-            truncated, answered = False, 0
+            truncated, answered, pending = False, 0, []
             while True:
                 event, waiter = session.next_event()
                 if waiter is not None:
@@ -169,7 +181,10 @@ def program_steps(
                     truncated = True
                     break
                 turn = answered
-                state = agent_state if how == "extend" else None
+                state = agent_state if how != "render" else None
+                if how == "tool_results":  # the program answered the last calls with their results
+                    for record in pending:
+                        record["status"] = "ok"
                 request = AgentRequest(
                     call.request.messages,
                     prompt_ids,
@@ -179,6 +194,10 @@ def program_steps(
                 )
                 try:
                     action, agent_state = yield request
+                except ContextLengthError as exc:  # the model's own context: a 400, as a real server answers
+                    log.append({"call": len(log), "error": "context_length_exceeded", "prompt_tokens": len(prompt_ids)})
+                    call.respond(APIError(400, str(exc), code="context_length_exceeded", param="messages"))
+                    continue
                 except Exception as exc:  # the agent failed: the program hears it, the episode records it
                     call.respond(APIError(500, f"The run's agent failed: {type(exc).__name__}: {exc}"))
                     raise
@@ -195,6 +214,13 @@ def program_steps(
                     else None
                 )
                 content, calls = parsed if parsed is not None else (text, [])
+                pending = [
+                    {"turn": len(rec.turns) - 1, "name": c.name, "status": "not_run", "seconds": 0.0,
+                     "arguments": json.dumps(c.arguments, ensure_ascii=False)}
+                    for c in calls
+                ]  # fmt: skip
+                rec.tool_records += pending
+                rec.num_tool_calls += len(pending)
                 tool_calls = [
                     {
                         "id": c.id,
