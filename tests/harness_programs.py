@@ -100,6 +100,27 @@ async def agents_sdk(endpoint: Any, task: dict[str, Any]) -> str:
     return str(result.final_output)
 
 
+async def agents_sdk_stream(endpoint: Any, task: dict[str, Any]) -> str:
+    """The same agent run with ``Runner.run_streamed`` (server-sent events; the SDK sends no ``stream_options`` to a
+    base URL that is not OpenAI's)."""
+    from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+    agent = Agent(
+        name="calculator",
+        instructions="Use the add tool, then answer with the number only.",
+        tools=[function_tool(add)],
+        model=OpenAIChatCompletionsModel(model=endpoint.model, openai_client=client),
+    )
+    run = Runner.run_streamed(
+        agent, task["question"], max_turns=_steps(task) + 1, run_config=RunConfig(tracing_disabled=True)
+    )
+    async for _ in run.stream_events():
+        pass
+    return str(run.final_output)
+
+
 def openai_loop(endpoint: Any, task: dict[str, Any]) -> str:
     """A plain ``openai`` client loop: call the model with the tool; run each call it makes; stop on plain text."""
     from openai import OpenAI

@@ -214,7 +214,7 @@ def test_smolagents_code_agent_runs_the_models_code(tokenizer, isolation):
     assert "Observation:\nExecution logs:\n42" in second  # what the model's code printed, as env tokens
 
 
-@pytest.mark.parametrize("program", ["agents_sdk", "openai_loop"])
+@pytest.mark.parametrize("program", ["agents_sdk", "agents_sdk_stream", "openai_loop"])
 def test_native_tool_messages_extend_one_sample(tokenizer, program):
     agent = Calculator(tokenizer, plain_final)
     (row,) = play(program, agent)
