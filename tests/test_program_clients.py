@@ -184,6 +184,7 @@ def test_smolagents_tool_calling_agent_records_each_call_as_a_sample(tokenizer, 
     second = tokenizer.decode(parts[1]["ids"][: len(calls[1][0])])
     assert "Calling tools:\n[{'id': " in second and "'name': 'add'" in second
     assert "Observation:\n42" in second  # the tool ran (17 + 25) and its result is in the next call's env tokens
+    assert [(c["turn"], c["name"]) for c in row["tool_calls"][0]] == [(0, "add"), (1, "final_answer")]  # parsed
     assert sum(sum(p["rewards"]) for p in parts) == pytest.approx(1.0)  # the episode's reward, once, on agent tokens
 
 
@@ -227,6 +228,8 @@ def test_native_tool_messages_extend_one_sample(tokenizer, program):
     first_end = len(calls[0][0]) + len(calls[0][1])
     delta = tokenizer.decode(part["ids"][first_end : len(calls[1][0])])
     assert "<tool_response>\n42\n</tool_response>" in delta  # the tool's result: env tokens of the next call
+    ((call,),) = row["tool_calls"]  # parsed from the sampled ids, and its result came back as a tool message
+    assert (call["name"], json.loads(call["arguments"]), call["status"]) == ("add", {"a": 17, "b": 25}, "ok")
     assert sum(part["rewards"]) == pytest.approx(1.0)
 
 
