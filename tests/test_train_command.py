@@ -198,3 +198,130 @@ def test_a_run_killed_with_sigkill_resumes_to_the_straight_runs_metrics(straight
     a, b = final_weights(out), final_weights(run)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not list((run / "checkpoints").glob(".*.tmp"))  # a killed save's temporary folder is removed
+
+
+# --------------------------------------------------------------------------- LoRA (issue 51, item 4)
+LORA = {**RUN, "iterations": 3, "eval_every": 0, "lora_rank": 4, "lr": 0.05}
+
+
+def test_lora_trains_the_adapter_alone_checkpoints_it_and_resumes_exactly(tmp_path):
+    pytest.importorskip("peft")
+    from hf_rollouts.tiny_model import build_tiny_model
+
+    straight = write_yaml(tmp_path / "lora.yaml", {**LORA, "output_dir": str(tmp_path / "straight")})
+    assert cli(["train", str(straight)]) == 0
+    rows = json.loads((tmp_path / "straight" / "metrics.json").read_text())
+    assert sum(r["trained_rollouts"] for r in rows) > 0  # updates happened
+    last = sorted((tmp_path / "straight" / "checkpoints").glob("round-*"))[-1]
+    assert not (last / "model.safetensors").exists() and (last / "adapter" / "adapter_config.json").is_file()
+    adapter = load_file(str(last / "adapter" / "adapter_model.safetensors"))
+    assert adapter and all("lora_" in k for k in adapter)
+    assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)  # B starts at 0: it was trained
+    base, _ = build_tiny_model()  # the same seed: the weights LoRA runs on
+    n_base = sum(p.numel() for p in base.parameters())
+    assert 0 < sum(v.numel() for v in adapter.values()) < n_base / 2
+
+    resumed = write_yaml(tmp_path / "lora2.yaml", {**LORA, "output_dir": str(tmp_path / "resumed")})
+    assert cli(["train", str(resumed), "--stop-after-round", "0"]) == 0
+    assert cli(["train", str(resumed), "--resume"]) == 0
+    assert same_json(untimed(json.loads((tmp_path / "resumed" / "metrics.json").read_text())), untimed(rows))
+    again = sorted((tmp_path / "resumed" / "checkpoints").glob("round-*"))[-1]
+    other = load_file(str(again / "adapter" / "adapter_model.safetensors"))
+    assert all(torch.equal(adapter[k], other[k]) for k in adapter)
+
+
+def test_lora_leaves_the_base_weights_and_samples_with_the_adapter(tmp_path):
+    pytest.importorskip("peft")
+    from hf_rollouts.agents.hf.agent import weights_probe
+    from hf_rollouts.recipes import train as run
+    from hf_rollouts.recipes.train_config import TrainConfig
+
+    cfg = TrainConfig(**{**LORA, "iterations": 1, "checkpoint_every": 0, "output_dir": str(tmp_path)})
+    import contextlib
+
+    with contextlib.ExitStack() as cleanup:
+        parts = run.setup(cfg, cleanup)
+        before = {k: v.clone() for k, v in parts.model.state_dict().items() if "lora_" not in k}
+        probe = parts.agent.weights_probe()
+        stats = run.play_round(parts, 0)
+    assert stats.trained_rollouts and stats.fingerprint_changed
+    after = parts.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the base weights never move
+    assert parts.agent.model is parts.model and probe != parts.agent.weights_probe() == weights_probe(parts.model)
+    assert {p for p in parts.raw_optimizer.param_groups[0]["params"]} == {
+        p for n, p in parts.model.named_parameters() if "lora_" in n
+    }
+
+
+# --------------------------------------------------------------------------- trackio (issue 51, item 5)
+def test_report_to_trackio_logs_each_round_and_a_rollout_table_that_trackio_reads_back(tmp_path):
+    """The real trackio, offline, in subprocesses (it reads TRACKIO_DIR once, when imported): the run logs to
+    OUTPUT_DIR/trackio; trackio's own storage reads the rounds back; `hf-rollouts view` opens a round's rollouts."""
+    pytest.importorskip("trackio")
+    out = tmp_path / "run"
+    values = {**RUN, "iterations": 2, "tasks_per_iter": 16, "checkpoint_every": 0, "eval_every": 1, "log_rollouts": 3,
+              "importance_sampling_cap": 2.0, "keep_rollouts": True, "report_to": "trackio"}  # fmt: skip
+    cfg = write_yaml(tmp_path / "run.yaml", {**values, "output_dir": str(out)})
+    env = {k: v for k, v in os.environ.items() if k != "TRACKIO_DIR"} | {"PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "hf_rollouts.cli", "train", str(cfg)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (out / "trackio" / "hf_rollouts.db").is_file()
+    read = ("import json; from trackio.sqlite_storage import SQLiteStorage as S; "
+            "print(json.dumps(S.get_logs('hf_rollouts', 'run'), default=str))")  # fmt: skip
+    got = subprocess.run([sys.executable, "-c", read], env={**env, "TRACKIO_DIR": str(out / "trackio")},
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert got.returncode == 0, got.stderr[-3000:]
+    logs = {row["step"]: row for row in json.loads(got.stdout.strip().splitlines()[-1])}
+    rows = json.loads((out / "metrics.json").read_text())
+    assert sorted(logs) == [0, 1, 2]  # the base rate, then a step per round
+    assert logs[0]["heldout/success"] == json.loads((out / "summary.json").read_text())["heldout_before"]["success"]
+    for row in rows:
+        logged = logs[row["iteration"] + 1]
+        assert logged["reward/mean"] == pytest.approx(row["mean_reward"])
+        assert logged["solve_rate"] == pytest.approx(row["solve_rate"])
+        assert logged["groups/kept"] == row["groups"]["kept"] and logged["groups/total"] == 16
+        assert logged["time/collect"] == pytest.approx(row["phases"]["collect"])
+        assert logged["tokens_per_second"] == pytest.approx(row["agent_tokens"] / row["phases"]["collect"])
+        assert logged["heldout/success"] == pytest.approx(row["heldout"]["success"])
+        if row["importance"]:  # a round that took a step: the importance weights and the update's log-prob gap
+            assert logged["importance_weight/mean"] == pytest.approx(row["importance"]["mean"])
+            assert logged["logprob_gap/max_abs"] == pytest.approx(row["logprob_gap"]["max_abs"])
+        table = logged["rollouts"]
+        assert table["_type"] == "trackio.table" and len(table["_value"]) == 3
+        assert {"task", "status", "final_reward", "conversation"} <= set(table["_value"][0])
+        assert table["_value"][0]["conversation"].startswith("user: Guess the number")
+    assert any(r["importance"] for r in rows)
+
+    page = tmp_path / "round1.html"
+    assert cli(["view", str(out / "rollouts" / "iter0001"), "--html", str(page)]) == 0
+    assert "Guess the number" in page.read_text()
+    from hf_rollouts.viewer.source import open_rollouts
+
+    assert open_rollouts(str(out / "rollouts" / "iter0001")).tokenizer is not None  # the round's saved tokenizer
+
+
+def test_round_metrics_flatten_a_round_and_leave_nan_out():
+    from hf_rollouts.recipes.runs import IterationStats
+    from hf_rollouts.recipes.tracking import round_metrics
+
+    s = IterationStats(0, 0.5, 0.25, float("nan"), 0, 8, 1, float("nan"), float("nan"), float("nan"), False, 2.0,
+                       phases={"collect": 0.5, "update": 1.0}, groups={"total": 2, "kept": 0, "constant": 2},
+                       agent_tokens=40, logprob_gap={"tokens": 3, "max_abs": 0.1, "mean_abs": 0.05})  # fmt: skip
+    m = round_metrics(s)
+    assert m["reward/mean"] == 0.5 and m["tokens_per_second"] == 80.0 and m["groups/constant"] == 2.0
+    assert "loss" not in m and "grad_norm" not in m and m["logprob_gap/max_abs"] == 0.1 and m["time/update"] == 1.0
+
+
+def test_rng_states_round_trip():
+    import random
+
+    import numpy as np
+
+    from hf_rollouts.recipes.checkpoint import rng_state, set_rng_state
+
+    state = rng_state()
+    first = (torch.rand(3), np.random.rand(3), random.random())
+    set_rng_state(json.loads(json.dumps(state)))
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(first[0], again[0]) and (first[1] == again[1]).all() and first[2] == again[2]
