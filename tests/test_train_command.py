@@ -325,3 +325,19 @@ def test_rng_states_round_trip():
     set_rng_state(json.loads(json.dumps(state)))
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(first[0], again[0]) and (first[1] == again[1]).all() and first[2] == again[2]
+
+
+def test_the_guides_config_file_parses_and_plans(tmp_path):
+    """docs/guides/training.md's config file: every key an option, the values the guide's SmolLM2 run's flags."""
+    from hf_rollouts.cli_train import parse_train_args
+    from hf_rollouts.recipes.train_config import check_config
+
+    guide = (ROOT / "docs" / "guides" / "training.md").read_text()
+    block = guide.split("test_the_guides_config_file_parses_and_plans -->\n```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "arith.yaml"
+    path.write_text(block)
+    cfg, args = parse_train_args([str(path), "--dry-run"])
+    check_config(cfg)
+    assert (cfg.model, cfg.env, cfg.lr, cfg.trainable_layers, cfg.report_to) == ("smollm2", "arithmetic", 3e-5, 10,
+                                                                                "trackio")  # fmt: skip
+    assert cfg.checkpoint_every == 1 and cfg.keep_rollouts and args.dry_run
