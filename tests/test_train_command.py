@@ -95,6 +95,8 @@ def test_an_unknown_key_or_a_wrong_type_is_an_error_naming_the_key_and_the_file(
     assert cli(["train", str(odd)]) == 2 and "ends in .yaml, .yml or .toml" in capsys.readouterr().err
     clash = write_yaml(tmp_path / "clash.yaml", {"lora_rank": 4, "trainable_layers": 1})
     assert cli(["train", str(clash)]) == 2 and "leave --trainable-layers at 0" in capsys.readouterr().err
+    early = write_yaml(tmp_path / "early.yaml", {"checkpoint_every": 2, "stop_after_round": 2})  # no checkpoint at 2
+    assert cli(["train", str(early)]) == 2 and "N dividing R + 1" in capsys.readouterr().err
 
 
 def test_dry_run_prints_the_plan_and_does_no_work(tmp_path, capsys):

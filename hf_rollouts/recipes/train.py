@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import sys
 import tempfile
 import time
@@ -198,10 +199,10 @@ def play_round(parts: RunParts, it: int) -> runs.IterationStats:
     if m.steps and not changed:
         print(f"warning: iteration {it}: the weights probe did not move with the update.", file=sys.stderr)
     report = prepared.report
-    if gap is None and m.logprob_gap_max == m.logprob_gap_max:  # the update measured it (importance sampling on)
+    if gap is None and not math.isnan(m.logprob_gap_max):  # the update measured it (importance sampling on)
         gap = {"max_abs": m.logprob_gap_max, "mean_abs": m.logprob_gap_mean}
     importance = None
-    if m.sampling_weight_mean == m.sampling_weight_mean:
+    if not math.isnan(m.sampling_weight_mean):
         importance = {"mean": m.sampling_weight_mean, "capped": m.sampling_weight_capped}
     tokens = sum(sum(map(sum, masks)) for masks in rollouts["padded_agent_token_mask"])
     stats = runs.IterationStats(it, played.mean_reward, played.success, m.loss, report.rollouts_out,
