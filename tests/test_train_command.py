@@ -343,3 +343,13 @@ def test_the_guides_config_file_parses_and_plans(tmp_path):
     assert (cfg.model, cfg.env, cfg.lr, cfg.trainable_layers, cfg.report_to) == ("smollm2", "arithmetic", 3e-5, 10,
                                                                                 "trackio")  # fmt: skip
     assert cfg.checkpoint_every == 1 and cfg.keep_rollouts and args.dry_run
+
+
+def test_the_eval_phase_is_timed_only_where_held_out_rows_were_played(tmp_path):
+    cfg = {**RUN, "iterations": 2, "tasks_per_iter": 2, "num_rollouts": 2, "checkpoint_every": 0, "eval_every": 1}
+    for eval_tasks, phases in ((0, {"collect", "update"}), (2, {"collect", "update", "eval"})):
+        out = tmp_path / str(eval_tasks)
+        path = write_yaml(tmp_path / f"{eval_tasks}.yaml", {**cfg, "eval_tasks": eval_tasks, "output_dir": str(out)})
+        assert cli(["train", str(path)]) == 0
+        rows = json.loads((out / "metrics.json").read_text())
+        assert all(set(r["phases"]) == phases for r in rows)  # tests/test_vllm_training.py reads the phases too

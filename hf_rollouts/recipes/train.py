@@ -214,10 +214,11 @@ def play_round(parts: RunParts, it: int) -> runs.IterationStats:
     parts.history.append(stats)
     if main and not cfg.quiet:
         print(("" if it else runs.TABLE_HEADER + "\n") + runs.format_row(stats), flush=True)
-    if it == cfg.iterations - 1 or (cfg.eval_every and (it + 1) % cfg.eval_every == 0):
+    evaluate = it == cfg.iterations - 1 or (cfg.eval_every and (it + 1) % cfg.eval_every == 0)
+    if evaluate and parts.eval_tasks is not None:
         began = time.perf_counter()
         stats.heldout = runs.heldout(parts.eval_tasks, parts.agent, cfg, f"eval_{it:04d}", show=main)
-        phases["eval"] = time.perf_counter() - began
+        phases["eval"] = time.perf_counter() - began  # a phase only where held-out rows were played
     if parts.tracker is not None:
         parts.tracker.log_round(it + 1, round_metrics(stats), rollout_table(rollouts, cfg.log_rollouts))
     if main:
