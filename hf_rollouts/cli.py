@@ -24,6 +24,7 @@ from transformers import HfArgumentParser
 
 from .cli_inspect import best_rollout, cmd_inspect, inspect_parser  # noqa: F401 (best_rollout: public here too)
 from .cli_options import CheckTemplateArgs, GenerateArgs, TasksArgs, UsageError
+from .cli_train import run_train, train_parser
 from .provenance.command import run_verify, verify_parser
 from .rescore.command import rescore_parser, run_rescore
 from .viewer.command import run_view, view_parser
@@ -358,12 +359,13 @@ def cmd_check_template(argv: list[str]) -> int:
 
 
 COMMANDS = {"tasks": cmd_tasks, "generate": cmd_generate, "inspect": cmd_inspect, "check-template": cmd_check_template}
-COMMANDS |= {"view": run_view, "verify": run_verify, "rescore": run_rescore}  # their modules' command.py
+COMMANDS |= {"view": run_view, "verify": run_verify, "rescore": run_rescore, "train": run_train}  # their command.py
 PARSERS = {"tasks": tasks_parser, "generate": generate_parser, "inspect": inspect_parser, "view": view_parser}
 PARSERS |= {"check-template": check_template_parser, "verify": verify_parser, "rescore": rescore_parser}
+PARSERS["train"] = train_parser
 """Each command's argument parser (what ``hf-rollouts COMMAND --help`` prints); the docs' commands are checked
 against them (tests/test_docs.py)."""
-USAGE = """usage: hf-rollouts {tasks,generate,inspect,check-template,view,verify,rescore} [options]
+USAGE = """usage: hf-rollouts {tasks,generate,inspect,check-template,view,verify,rescore,train} [options]
 
   tasks           write a task dataset for an environment
   generate        play episodes and write a rollout dataset (+ parquet, card; optional Hub push)
@@ -372,6 +374,7 @@ USAGE = """usage: hf-rollouts {tasks,generate,inspect,check-template,view,verify
   view            look at a rollout dataset in a local web viewer (--html writes one self-contained page)
   verify          check a rollout dataset against its provenance and replay a sample (exit 1 on a mismatch)
   rescore         score saved rollouts again with another verifier (old scores kept), without the policy
+  train           a GRPO run from a YAML or TOML config file (--dry-run: check it and print the plan)
 
 Run `hf-rollouts COMMAND --help` for a command's options. Errors are one `error:` line (exit code 2: fix the command
 or its input; 1: the run failed); add --debug (anywhere) for the traceback."""

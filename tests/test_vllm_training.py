@@ -117,6 +117,15 @@ def test_train_grpo_backend_vllm_syncs_every_round(training_run):
     assert all(row["fingerprint_changed"] == bool(row["trained_rollouts"]) for row in rows)
 
 
+def test_a_resumed_vllm_run_ends_with_the_straight_runs_metrics(training_run):
+    """Issue 51, item 6, with an engine: the run stopped after round 0's checkpoint and resumed builds its engine on
+    the restored weights, so rounds 1 and 2 sample what the straight run sampled (timings aside)."""
+    from test_train_command import same_json, untimed
+
+    assert [r["iteration"] for r in training_run.resumed] == [0, 1, 2]
+    assert same_json(untimed(training_run.resumed), untimed(training_run.script))
+
+
 def test_trl_colocate_mode_trains_with_our_envs_on_cpu(colocate_run):
     """TRL's own colocate sync fails on vLLM's CPU backend (the blocker, measured); with reload_weights_sync the
     trainer's in-process engine samples every step's turns, and TRL's logged sampler/trainer gap stays at the

@@ -10,7 +10,8 @@ Run as ``<vllm venv python> tests/vllm_training_worker.py MODEL_DIR OUT.json PAR
   sampled *without* a sync (the engine's old weights against the trainer's new ones); the sync; the same round
   again. The fingerprint and the prefix cache are read at each point.
 * ``guide``: docs/guides/training.md's vLLM loop, run as the page has it.
-* ``script``: ``scripts/train_grpo.py --backend vllm --logprob-gap`` for three rounds (its metrics rows).
+* ``script``: ``scripts/train_grpo.py --backend vllm --logprob-gap`` for three rounds (its metrics rows), and
+  ``resumed``: the same run stopped after round 0's checkpoint and resumed (the engine built on the restored weights).
 * ``colocate``: TRL's ``GRPOTrainer`` in colocate mode through ``build_grpo_trainer`` for three steps: first TRL's
   own weight sync (which fails on vLLM's CPU backend: the error is recorded), then training with
   ``reload_weights_sync``; TRL's logged sampler/trainer gaps and importance ratios, and each sync's seconds.
@@ -116,7 +117,7 @@ def run_guide() -> dict:
     return {"stdout": stdout.getvalue(), "seconds": time.perf_counter() - started}
 
 
-def run_script(out_dir: str) -> list[dict]:
+def run_script(out_dir: str, extra: tuple[str, ...] = ()) -> list[dict]:
     import importlib.util
 
     path = Path(__file__).resolve().parents[1] / "scripts" / "train_grpo.py"
@@ -126,7 +127,7 @@ def run_script(out_dir: str) -> list[dict]:
     spec.loader.exec_module(script)
     argv = ["--backend", "vllm", "--model-size", "small", "--iterations", "3", "--tasks-per-iter", "8"]
     argv += ["--num-rollouts", "4", "--max-turns", "2", "--low", "1", "--high", "3", "--max-new-tokens", "4"]
-    argv += ["--logprob-gap", "--kv-cache-gib", "0.25", "--plot", "none", "--quiet", "--output-dir", out_dir]
+    argv += ["--logprob-gap", "--kv-cache-gib", "0.25", "--plot", "none", "--quiet", "--output-dir", out_dir, *extra]
     script.train(script.parse_args(argv))
     return json.loads((Path(out_dir) / "metrics.json").read_text())
 
@@ -177,6 +178,9 @@ def main(model_dir: str, out_path: str, part: str) -> None:
     else:
         result = {"sync": sync_checks(model_dir), "guide": run_guide()}
         result["script"] = run_script(str(Path(out_path).parent / "train_grpo"))
+        resumed = str(Path(out_path).parent / "train_grpo_resumed")  # stopped after round 0, resumed: a new engine
+        run_script(resumed, ("--checkpoint-every", "1", "--stop-after-round", "0"))
+        result["resumed"] = run_script(resumed, ("--checkpoint-every", "1", "--resume"))
     Path(out_path).write_text(json.dumps(result))
 
 
