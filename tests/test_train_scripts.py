@@ -274,7 +274,11 @@ SCRIPT_FLAGS = {
                    "--lr": "0.01", "--ppo-epochs": "1", "--advantage": "grpo", "--keep-constant-groups": "False",
                    "--max-turns": "1", "--model-size": "tiny", "--eval-every": "0", "--share-prefix": "False",
                    "--keep-rollouts": "False", "--keep-denormals": "False", "--backend": "transformers",
-                   "--kv-cache-gib": "1.0", "--logprob-gap": "False", "--importance-sampling-cap": "None"},
+                   "--kv-cache-gib": "1.0", "--logprob-gap": "False", "--importance-sampling-cap": "None",
+                   # issue 51: checkpoints and resume, run tracking, LoRA (hf_rollouts.recipes.train_config)
+                   "--checkpoint-every": "0", "--keep-checkpoints": "2", "--resume": "False",
+                   "--stop-after-round": "None", "--report-to": "none", "--run-name": "None", "--log-rollouts": "4",
+                   "--lora-rank": "0", "--lora-alpha": "None"},
     "train_tools": {**_COMMON, **_ROUNDS, "--output-dir": "outputs/train_tools", "--env": "hidden_function",
                     "--max-coef": "9", "--max-x": "9", "--max-turns": "2", "--demo-tool-rate": "0.5",
                     "--demo-tasks": "64", "--demo-rollouts": "4", "--sft-steps": "150", "--sft-batch-size": "32",

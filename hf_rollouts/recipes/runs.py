@@ -183,6 +183,13 @@ class IterationStats:
     """Seconds of each phase of the round (``collect``, ``update``, and ``sync``, ``gap`` where they ran)."""
     logprob_gap: dict | None = None
     """The round's sampler/trainer gap (:class:`~hf_rollouts.training.LogprobGap` as a dict), when measured."""
+    groups: dict[str, int] | None = None
+    """The round's groups: ``total``, ``kept`` (trained on), ``constant`` (equal rewards: nothing to learn)."""
+    importance: dict[str, float] | None = None
+    """With an importance-sampling cap: ``mean`` weight and the ``capped`` share of loss tokens; the update's
+    ``logprob_gap_max`` / ``_mean`` go to :attr:`logprob_gap` when it was not measured on its own."""
+    agent_tokens: int | None = None
+    """Tokens the agent sampled in the round (tokens per second: over the ``collect`` phase)."""
 
 
 TABLE_HEADER = (
