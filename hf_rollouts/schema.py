@@ -239,6 +239,14 @@ ROLLOUT_COLUMNS: tuple[Column, ...] = (
         "[rollout] the env's `info` of the last agent turn as JSON text (`json.loads` it), e.g. a dataset env's "
         "extracted answer, reward components and the reason for a 0; null when empty (no step, or a failed one)",
     ),
+    Column(
+        "policy_versions",
+        "policy_version",
+        Value("int32"),
+        None,
+        "[rollout] the policy version that sampled it (the training loop's update count when its round began; "
+        "null outside a training loop)",
+    ),
 )
 
 ROLLOUT_FEATURES = Features({c.name: c.feature for c in ROLLOUT_COLUMNS})

@@ -311,6 +311,9 @@ class Episode:
     logprob_settings: dict[str, Any] | None = None
     """How ``logprobs`` were made (:data:`hf_rollouts.schema.LOGPROB_SETTINGS`), set by the expansion from the agent's
     :meth:`~hf_rollouts.agents.base.Agent.logprob_settings`; ``None`` when the agent records none."""
+    policy_version: int | None = None
+    """The policy version that sampled the episode (a training loop's update count when its round began), set by
+    :func:`hf_rollouts.rounds.collect_rollouts`; ``None`` outside a training loop."""
     env_state: Any = field(default=None, repr=False, compare=False)
     """The env's state object at the end of a ``done``/``truncated`` episode, kept only until the task's group
     rewards are computed (:mod:`hf_rollouts.rollout.group`); never stored in a dataset."""
