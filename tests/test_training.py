@@ -105,6 +105,7 @@ def handmade_rollouts() -> Dataset:
                 "tool_calls": [[] for _ in group],
                 "logprob_settings": [None for _ in group],  # a hand-made dataset: nothing recorded
                 "infos": [None for _ in group],
+                "policy_versions": [None for _ in group],
             }
         )
     unknown = set(ROLLOUT_FEATURES) - set(rows[0])
