@@ -116,3 +116,42 @@ def test_rollouts_older_than_the_bound_are_dropped_and_counted(tmp_path, capsys)
     assert "dropped" in capsys.readouterr().err
     with pytest.raises(RuntimeError, match="every group of the round is older"):
         fresh_enough(rollouts.select(range(1, 3)), trainer_version=2, max_staleness=1)
+
+
+def test_hf_rollouts_train_takes_max_staleness_and_writes_the_staleness_metrics(tmp_path):
+    import json
+
+    import yaml
+
+    from hf_rollouts.cli import main as cli
+
+    out, config = tmp_path / "cli", tmp_path / "run.yaml"
+    values = {"iterations": 2, "tasks_per_iter": 8, "num_rollouts": 4, "eval_tasks": 0, "max_new_tokens": 3,
+              "quiet": True, "plot": "none", "output_dir": str(out)}  # fmt: skip
+    config.write_text(yaml.safe_dump(values))
+    args = ["train", str(config)]
+    assert cli([*args, "--max-staleness", "1"]) == 2  # refused before any work: no --importance-sampling-cap
+    assert not out.exists()
+    assert cli([*args, "--max-staleness", "1", "--importance-sampling-cap", "2.0"]) == 0
+    rows = json.loads((out / "metrics.json").read_text())
+    assert [(r["staleness"]["policy_version"], r["staleness"]["trainer_version"]) for r in rows] == [(0, 0), (0, 1)]
+
+
+def test_the_waiting_env_waits_in_an_async_step_and_plays_guess_the_number():
+    import asyncio
+    import inspect
+    import time
+
+    from hf_rollouts.envs.guess_number import GuessNumberEnv, WaitingGuessNumberEnv
+
+    tokenizer = load_agent("tiny").tokenizer
+    waiting = WaitingGuessNumberEnv(tokenizer, {"step_wait_s": 0.05})
+    plain = GuessNumberEnv(tokenizer, {})
+    assert inspect.iscoroutinefunction(waiting._step_episode)
+    began = time.perf_counter()
+    got = asyncio.run(waiting._step_episode("s", waiting._initialize_episode("s", {"target": 4}), "3"))
+    assert time.perf_counter() - began >= 0.05  # it waited (a lower bound, not a speed threshold)
+    want = plain._step_episode("s", plain._initialize_episode("s", {"target": 4}), "3")
+    assert got[1:] == want[1:] and got[0].last_message == want[0].last_message == "Higher."
+    with pytest.raises(Exception, match="step_wait_s"):
+        WaitingGuessNumberEnv(tokenizer, {"step_wait_s": -1})
