@@ -95,6 +95,8 @@ def test_an_unknown_key_or_a_wrong_type_is_an_error_naming_the_key_and_the_file(
     assert cli(["train", str(odd)]) == 2 and "ends in .yaml, .yml or .toml" in capsys.readouterr().err
     clash = write_yaml(tmp_path / "clash.yaml", {"lora_rank": 4, "trainable_layers": 1})
     assert cli(["train", str(clash)]) == 2 and "leave --trainable-layers at 0" in capsys.readouterr().err
+    early = write_yaml(tmp_path / "early.yaml", {"checkpoint_every": 2, "stop_after_round": 2})  # no checkpoint at 2
+    assert cli(["train", str(early)]) == 2 and "N dividing R + 1" in capsys.readouterr().err
 
 
 def test_dry_run_prints_the_plan_and_does_no_work(tmp_path, capsys):
@@ -325,3 +327,29 @@ def test_rng_states_round_trip():
     set_rng_state(json.loads(json.dumps(state)))
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(first[0], again[0]) and (first[1] == again[1]).all() and first[2] == again[2]
+
+
+def test_the_guides_config_file_parses_and_plans(tmp_path):
+    """docs/guides/training.md's config file: every key an option, the values the guide's SmolLM2 run's flags."""
+    from hf_rollouts.cli_train import parse_train_args
+    from hf_rollouts.recipes.train_config import check_config
+
+    guide = (ROOT / "docs" / "guides" / "training.md").read_text()
+    block = guide.split("test_the_guides_config_file_parses_and_plans -->\n```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "arith.yaml"
+    path.write_text(block)
+    cfg, args = parse_train_args([str(path), "--dry-run"])
+    check_config(cfg)
+    assert (cfg.model, cfg.env, cfg.lr, cfg.trainable_layers, cfg.report_to) == ("smollm2", "arithmetic", 3e-5, 10,
+                                                                                "trackio")  # fmt: skip
+    assert cfg.checkpoint_every == 1 and cfg.keep_rollouts and args.dry_run
+
+
+def test_the_eval_phase_is_timed_only_where_held_out_rows_were_played(tmp_path):
+    cfg = {**RUN, "iterations": 2, "tasks_per_iter": 2, "num_rollouts": 2, "checkpoint_every": 0, "eval_every": 1}
+    for eval_tasks, phases in ((0, {"collect", "update"}), (2, {"collect", "update", "eval"})):
+        out = tmp_path / str(eval_tasks)
+        path = write_yaml(tmp_path / f"{eval_tasks}.yaml", {**cfg, "eval_tasks": eval_tasks, "output_dir": str(out)})
+        assert cli(["train", str(path)]) == 0
+        rows = json.loads((out / "metrics.json").read_text())
+        assert all(set(r["phases"]) == phases for r in rows)  # tests/test_vllm_training.py reads the phases too

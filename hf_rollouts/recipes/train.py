@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import sys
 import tempfile
 import time
@@ -217,10 +218,10 @@ def train_round(
     if m.steps and not changed:
         print(f"warning: iteration {it}: the weights probe did not move with the update.", file=sys.stderr)
     report = prepared.report
-    if gap is None and m.logprob_gap_max == m.logprob_gap_max:  # the update measured it (importance sampling on)
+    if gap is None and not math.isnan(m.logprob_gap_max):  # the update measured it (importance sampling on)
         gap = {"max_abs": m.logprob_gap_max, "mean_abs": m.logprob_gap_mean}
     importance = None
-    if m.sampling_weight_mean == m.sampling_weight_mean:
+    if not math.isnan(m.sampling_weight_mean):
         importance = {"mean": m.sampling_weight_mean, "capped": m.sampling_weight_capped}
     tokens = sum(sum(map(sum, masks)) for masks in rollouts["padded_agent_token_mask"])
     stats = runs.IterationStats(it, played.mean_reward, played.success, m.loss, report.rollouts_out,
@@ -232,10 +233,11 @@ def train_round(
     parts.history.append(stats)
     if main and not cfg.quiet:
         print(("" if it else runs.TABLE_HEADER + "\n") + runs.format_row(stats), flush=True)
-    if it == cfg.iterations - 1 or (cfg.eval_every and (it + 1) % cfg.eval_every == 0):
+    evaluate = it == cfg.iterations - 1 or (cfg.eval_every and (it + 1) % cfg.eval_every == 0)
+    if evaluate and parts.eval_tasks is not None:
         began = time.perf_counter()
         stats.heldout = runs.heldout(parts.eval_tasks, parts.agent, cfg, f"eval_{it:04d}", show=main)
-        phases["eval"] = time.perf_counter() - began
+        phases["eval"] = time.perf_counter() - began  # a phase only where held-out rows were played
     if parts.tracker is not None:
         parts.tracker.log_round(it + 1, round_metrics(stats), rollout_table(rollouts, cfg.log_rollouts))
     if main:

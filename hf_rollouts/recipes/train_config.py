@@ -88,8 +88,12 @@ def check_config(cfg: TrainConfig) -> None:
         raise TrainConfigError(
             "--lora-rank with --backend vllm is not supported yet (the engine would need the adapter, not the "
             "weights): use --backend transformers, or full weights with vllm.")  # fmt: skip
-    if cfg.stop_after_round is not None and not cfg.checkpoint_every:
-        raise TrainConfigError("--stop-after-round needs --checkpoint-every N (it stops at a checkpoint).")
+    if cfg.stop_after_round is not None and (
+        not cfg.checkpoint_every or (cfg.stop_after_round + 1) % cfg.checkpoint_every
+    ):
+        raise TrainConfigError(
+            "--stop-after-round R stops at round R's checkpoint: give --checkpoint-every N with N dividing R + 1."
+        )
     if cfg.max_staleness < 0:
         raise TrainConfigError(f"--max-staleness must be >= 0 (0: the synchronous loop), got {cfg.max_staleness}.")
     if cfg.max_staleness and cfg.importance_sampling_cap is None:
