@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 
 import pytest
 from datasets import load_from_disk
 
 from hf_rollouts import training
 from hf_rollouts.agents.loading import load_agent
+from hf_rollouts.publish.card import render_card
 from hf_rollouts.recipes.overlap import fresh_enough, play_overlapped
 from hf_rollouts.recipes.train import ROUND_STEPS, setup, train
 from hf_rollouts.recipes.train_config import TrainConfig, TrainConfigError, check_config
@@ -71,7 +73,9 @@ def test_options_are_checked_before_any_work():
 
 def test_max_staleness_0_is_the_synchronous_loop_exactly(tmp_path):
     straight = train(TrainConfig(**RUN, output_dir=str(tmp_path / "sync")))
+    switch = sys.getswitchinterval()
     lockstep, timeline = run_overlapped(TrainConfig(**RUN, output_dir=str(tmp_path / "zero")), 0)
+    assert sys.getswitchinterval() == switch  # lowered while the rounds overlap (SWITCH_INTERVAL_S), restored
     assert sum(s.trained_rollouts for s in straight) > 0
     assert untimed(lockstep) == untimed(straight)
     assert [s.staleness["staleness"] for s in lockstep] == [{"0": 128}] * 3
@@ -90,6 +94,8 @@ def test_max_staleness_1_overlaps_records_versions_and_weighs_by_the_recorded_lo
     round1 = load_from_disk(str(tmp_path / "one" / "rollouts" / "iter0001"))
     assert round1.features["policy_versions"] == ROLLOUT_FEATURES["policy_versions"]
     assert {v for row in round1["policy_versions"] for v in row} == {0}
+    card = str(render_card(round1, agent_info={"name": "tiny"}, seed=0, pad_token_id=0))
+    assert "policy_versions" in card and "the policy version that sampled it" in card  # on the card, with its help
     # the recorded log-probs of round 1 are version 0's (the starting weights, rebuilt): no gap against them ...
     start = load_agent("tiny", model_seed=cfg.seed).model
     rows = training.prepare_rollouts(round1, flatten=True, progress=False).dataset
