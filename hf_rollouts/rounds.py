@@ -19,10 +19,18 @@ from datasets import Dataset
 
 from .distributed import process_state
 from .pipeline import generate_rollouts
+from .schema import ROLLOUT_FEATURES
 
 
 def collect_rollouts(
-    tasks: Dataset, agent: Any, num_rollouts: int, *, seed: int, cache_dir: str | Path | None = None, **options: Any
+    tasks: Dataset,
+    agent: Any,
+    num_rollouts: int,
+    *,
+    seed: int,
+    cache_dir: str | Path | None = None,
+    policy_version: int | None = None,
+    **options: Any,
 ) -> Dataset:
     """One round of rollouts of the agent as it is now: :func:`~hf_rollouts.pipeline.generate_rollouts` that never
     reads a cache (``load_from_cache_file=False``: a training loop must never replay an earlier round), with no
@@ -31,6 +39,9 @@ def collect_rollouts(
     ``cache_dir``: where the shard files go; by default a temporary directory removed when the returned dataset is
     garbage collected. Give each round its own ``seed`` (``derive_seed("my_run", seed, round)``). ``options`` go to
     ``generate_rollouts``.
+
+    ``policy_version``: the version of the policy that samples this round (the loop's update count), written to every
+    rollout's ``policy_versions`` entry (null without it); :func:`hf_rollouts.training.staleness_filter` reads it.
     """
     model = getattr(agent, "model", None)
     if isinstance(model, torch.nn.Module):
@@ -42,6 +53,10 @@ def collect_rollouts(
     rollouts = generate_rollouts(
         tasks, agent, num_rollouts, seed=seed, cache_dir=cache_dir, load_from_cache_file=False, **options
     )
+    if policy_version is not None:
+        column = [[int(policy_version)] * len(r) for r in rollouts["final_rewards"]]
+        feature = ROLLOUT_FEATURES["policy_versions"]
+        rollouts = rollouts.remove_columns("policy_versions").add_column("policy_versions", column, feature=feature)
     if scratch is not None and process_state().is_main_process:
         weakref.finalize(rollouts, shutil.rmtree, scratch, True)
     return rollouts

@@ -265,6 +265,14 @@ ROLLOUT_COLUMNS: tuple[Column, ...] = (
             ("logprobs", "float32", "earlier samples' sampling log-probs (0 off agent tokens; null: none given)"),
         )
     ),
+    Column(
+        "policy_versions",
+        "policy_version",
+        Value("int32"),
+        None,
+        "[rollout] the policy version that sampled it (the training loop's update count when its round began; "
+        "null outside a training loop)",
+    ),
 )
 
 SAMPLE_COLUMNS = tuple(c.name for c in ROLLOUT_COLUMNS if c.name.startswith("earlier_"))

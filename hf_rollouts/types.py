@@ -331,6 +331,9 @@ class Episode:
     sample_calls: list[int] = field(default_factory=list)
     """Calls (agent turns) per sample, earlier samples first, the last entry the episode's own sample; empty: one
     sample holding every turn (:attr:`calls_per_sample` gives the list either way)."""
+    policy_version: int | None = None
+    """The policy version that sampled the episode (a training loop's update count when its round began), set by
+    :func:`hf_rollouts.rounds.collect_rollouts`; ``None`` outside a training loop."""
     env_state: Any = field(default=None, repr=False, compare=False)
     """The env's state object at the end of a ``done``/``truncated`` episode, kept only until the task's group
     rewards are computed (:mod:`hf_rollouts.rollout.group`); never stored in a dataset."""

@@ -278,7 +278,8 @@ SCRIPT_FLAGS = {
                    # issue 51: checkpoints and resume, run tracking, LoRA (hf_rollouts.recipes.train_config)
                    "--checkpoint-every": "0", "--keep-checkpoints": "2", "--resume": "False",
                    "--stop-after-round": "None", "--report-to": "none", "--run-name": "None", "--log-rollouts": "4",
-                   "--lora-rank": "0", "--lora-alpha": "None"},
+                   "--lora-rank": "0", "--lora-alpha": "None",
+                   "--max-staleness": "0"},
     "train_tools": {**_COMMON, **_ROUNDS, "--output-dir": "outputs/train_tools", "--env": "hidden_function",
                     "--max-coef": "9", "--max-x": "9", "--max-turns": "2", "--demo-tool-rate": "0.5",
                     "--demo-tasks": "64", "--demo-rollouts": "4", "--sft-steps": "150", "--sft-batch-size": "32",

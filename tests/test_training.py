@@ -108,6 +108,7 @@ def handmade_rollouts() -> Dataset:
                 "num_samples": [1 for _ in group],  # append-only: one sample each, in the padded columns
                 "sample_calls": [[r["turns"]] for r in group],
                 **{name: [[] for _ in group] for name in SAMPLE_COLUMNS},
+                "policy_versions": [None for _ in group],
             }
         )
     unknown = set(ROLLOUT_FEATURES) - set(rows[0])

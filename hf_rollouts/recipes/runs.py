@@ -190,6 +190,10 @@ class IterationStats:
     ``logprob_gap_max`` / ``_mean`` go to :attr:`logprob_gap` when it was not measured on its own."""
     agent_tokens: int | None = None
     """Tokens the agent sampled in the round (tokens per second: over the ``collect`` phase)."""
+    staleness: dict | None = None
+    """Overlapped rounds (``max_staleness`` > 0): the round's ``policy_version``, the trainer's ``trainer_version``,
+    ``rollouts_dropped`` / ``groups_dropped`` (too old) and ``{staleness: rollouts}``
+    (:meth:`~hf_rollouts.training.StalenessReport.as_metrics`); ``None`` in the synchronous loop."""
 
 
 TABLE_HEADER = (

@@ -38,6 +38,7 @@ from ..rounds import collect_rollouts
 from ..seeding import derive_seed
 from . import checkpoint as ckpt
 from . import runs
+from .overlap import RoundSteps, play_overlapped
 from .report import save_learning_curve, write_summary
 from .splits import task_splits
 from .tracking import open_tracker, rollout_table, round_metrics
@@ -76,6 +77,10 @@ def train(cfg: TrainConfig, command: str | None = None) -> list[runs.IterationSt
         started = (time.perf_counter(), time.process_time())
         parts = setup(cfg, cleanup)
         parts.started = started
+        if cfg.max_staleness:
+            play_overlapped(parts, ROUND_STEPS)
+            finish(parts, command)
+            return parts.history
         for it in range(parts.start, cfg.iterations):
             play_round(parts, it)
             if cfg.stop_after_round is not None and it >= cfg.stop_after_round:
@@ -158,15 +163,29 @@ def round_tasks(parts: RunParts, it: int) -> Any:
     return parts.all_tasks.select([(it * n + j) % total for j in range(n)])
 
 
+def round_seed(cfg: TrainConfig, it: int) -> int:
+    """The seed of round ``it``'s collection and update."""
+    return derive_seed("train_grpo", cfg.seed, it)
+
+
 def play_round(parts: RunParts, it: int) -> runs.IterationStats:
     """Collect, prepare, update (and sync, evaluate, checkpoint, log) round ``it``."""
+    start = time.perf_counter()
+    tasks, seed = round_tasks(parts, it), round_seed(parts.cfg, it)
+    rollouts = collect_rollouts(tasks, parts.agent, parts.cfg.num_rollouts, seed=seed)
+    return train_round(parts, it, rollouts, {"collect": time.perf_counter() - start}, start)
+
+
+def train_round(
+    parts: RunParts, it: int, rollouts: Any, phases: dict, start: float, staleness: dict | None = None
+) -> runs.IterationStats:
+    """Prepare, update (and sync, evaluate, checkpoint, log) round ``it`` on its collected ``rollouts``; ``phases``
+    holds the collection's seconds, ``start`` is when the round began (``perf_counter``), ``staleness`` goes to the
+    round's stats (:mod:`.overlap`)."""
     from ..agents.hf.agent import weights_probe
 
     cfg, model, tokenizer, main = parts.cfg, parts.model, parts.tokenizer, parts.accelerator.is_main_process
-    start, seed = time.perf_counter(), derive_seed("train_grpo", cfg.seed, it)
-    probe, phases, gap = weights_probe(model), {}, None
-    rollouts = collect_rollouts(round_tasks(parts, it), parts.agent, cfg.num_rollouts, seed=seed)
-    phases["collect"] = time.perf_counter() - start
+    seed, probe, gap = round_seed(cfg, it), weights_probe(model), None
     if cfg.keep_rollouts and main:
         folder = parts.out / "rollouts" / f"iter{it:04d}"
         rollouts.save_to_disk(str(folder))
@@ -210,7 +229,7 @@ def play_round(parts: RunParts, it: int) -> runs.IterationStats:
                                 time.perf_counter() - start, played.tool_rate, phases=phases, logprob_gap=gap,
                                 groups={"total": report.groups_in, "kept": report.groups_out,
                                         "constant": report.constant_groups},
-                                importance=importance, agent_tokens=int(tokens))  # fmt: skip
+                                importance=importance, agent_tokens=int(tokens), staleness=staleness)  # fmt: skip
     parts.history.append(stats)
     if main and not cfg.quiet:
         print(("" if it else runs.TABLE_HEADER + "\n") + runs.format_row(stats), flush=True)
@@ -293,4 +312,8 @@ def vllm_agent(model: Any, tokenizer: Any, cfg: TrainConfig) -> Any:
         )  # fmt: skip
 
 
-__all__ = ["RunParts", "TrainConfig", "add_lora", "play_round", "round_tasks", "setup", "train", "vllm_agent"]
+ROUND_STEPS = RoundSteps(round_tasks, round_seed, train_round)
+"""The steps of a round :func:`~hf_rollouts.recipes.overlap.play_overlapped` calls (``--max-staleness N``)."""
+
+__all__ = ["ROUND_STEPS", "RunParts", "TrainConfig", "add_lora", "play_round", "round_seed", "round_tasks", "setup",
+           "train", "train_round", "vllm_agent"]  # fmt: skip

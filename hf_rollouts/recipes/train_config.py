@@ -61,6 +61,9 @@ class TrainConfig(Run, runs.TaskFileOptions, runs.RoundOptions):
     log_rollouts: int = runs.flag(4, "--report-to: rollouts of each round logged as a table (0: none).")
     lora_rank: int = runs.flag(0, "Train a LoRA adapter of this rank (peft, every linear layer), not the weights.")
     lora_alpha: float | None = runs.flag(None, "LoRA alpha (default: 2 x --lora-rank).")
+    max_staleness: int = runs.flag(
+        0, "Overlapped rounds: collect round k+1 while round k trains, on rollouts at most this many updates old "
+        "(0: the synchronous loop; needs --importance-sampling-cap; recipes/overlap.py).")  # fmt: skip
 
 
 RESUME_MAY_CHANGE = frozenset(
@@ -91,6 +94,14 @@ def check_config(cfg: TrainConfig) -> None:
         raise TrainConfigError(
             "--stop-after-round R stops at round R's checkpoint: give --checkpoint-every N with N dividing R + 1."
         )
+    if cfg.max_staleness < 0:
+        raise TrainConfigError(f"--max-staleness must be >= 0 (0: the synchronous loop), got {cfg.max_staleness}.")
+    if cfg.max_staleness and cfg.importance_sampling_cap is None:
+        raise TrainConfigError("--max-staleness N trains on rollouts of an older policy: set --importance-sampling-cap "
+                               "(e.g. 2.0) so the update weighs them against the trainer.")  # fmt: skip
+    if cfg.max_staleness and (cfg.backend != "transformers" or cfg.resume or cfg.checkpoint_every):
+        raise TrainConfigError("--max-staleness N runs with --backend transformers, without --checkpoint-every or "
+                               "--resume, for now (recipes/overlap.py): use --max-staleness 0 for those.")  # fmt: skip
     if cfg.resume and not cfg.output_dir:
         raise TrainConfigError("--resume needs --output-dir (the checkpoints are under OUTPUT_DIR/checkpoints).")
 

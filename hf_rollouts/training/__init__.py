@@ -56,6 +56,7 @@ from .convention import check_logprob_convention, read_logprob_convention, split
 from .data import FLAT_FEATURES, PreparedRollouts, load_rollouts, prepare_rollouts
 from .loss import batch_logprobs, grpo_loss, model_device, token_logprobs, truncated_importance_weights
 from .partial import train_top_layers
+from .staleness import StalenessReport, check_max_staleness, first_allowed_version, staleness_filter
 from .update import UpdateConfig, UpdateMetrics, flush_denormals, grpo_update, sft_update
 
 __all__ = [
@@ -86,6 +87,10 @@ __all__ = [
     "token_logprobs",
     "train_top_layers",
     "truncated_importance_weights",
+    "StalenessReport",
+    "check_max_staleness",
+    "first_allowed_version",
+    "staleness_filter",
 ]
 
 MOVED = {

@@ -1,3 +1,3 @@
-from .env import GuessNumberEnv
+from .env import GuessNumberEnv, WaitingGuessNumberEnv
 
-__all__ = ["GuessNumberEnv"]
+__all__ = ["GuessNumberEnv", "WaitingGuessNumberEnv"]

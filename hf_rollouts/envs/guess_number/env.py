@@ -10,6 +10,7 @@ integer is the guess; an action without one gets a hint and costs a turn.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -80,3 +81,29 @@ class GuessNumberEnv(MultistepEnv):
             return state, 1.0, True, {"valid": True, "correct": True}
         state.last_message = "Higher." if guess < state.target else "Lower."
         return state, 0.0, False, {"valid": True, "correct": False}
+
+
+@dataclass(frozen=True, kw_only=True)
+class WaitingGuessNumberConfig(GuessNumberConfig):
+    step_wait_s: float = option(0.2, "Seconds each step waits before it answers (asyncio.sleep).")
+
+    def check(self) -> None:
+        super().check()
+        if not self.step_wait_s >= 0:
+            raise EnvConfigError("step_wait_s", f"step_wait_s must be >= 0, got {self.step_wait_s}.")
+
+
+class WaitingGuessNumberEnv(GuessNumberEnv):
+    """Guess the number with an env step that waits ``step_wait_s`` (0.2 s) on I/O first, as a judge, a tool or a
+    remote game would: an ``async`` step (``asyncio.sleep``), so other episodes play while it waits. What
+    ``scripts/benchmark_overlap.py`` measures overlapped rounds on; the rules and rewards are
+    :class:`GuessNumberEnv`'s."""
+
+    name = "guess_number_waiting"
+    config_class = WaitingGuessNumberConfig
+
+    async def _step_episode(
+        self, session_id: str, state: GuessState, action: str
+    ) -> tuple[GuessState, float, bool, dict[str, Any]]:
+        await asyncio.sleep(self.config.step_wait_s)
+        return super()._step_episode(session_id, state, action)

@@ -1,0 +1,163 @@
+"""Overlapped training rounds (issue 51, item 1): the staleness math (training/staleness.py), the ``policy_versions``
+column the round collector writes, and the overlapped loop (recipes/overlap.py) with the tiny model: max_staleness=0
+is the synchronous loop exactly, max_staleness=1 collects round k+1 while update k runs (recorded timestamps), trains
+on the previous version's rollouts with importance weights from their recorded log-probs, and drops (counted) what
+is older than the bound."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+
+import pytest
+from datasets import load_from_disk
+
+from hf_rollouts import training
+from hf_rollouts.agents.loading import load_agent
+from hf_rollouts.publish.card import render_card
+from hf_rollouts.recipes.overlap import fresh_enough, play_overlapped
+from hf_rollouts.recipes.train import ROUND_STEPS, setup, train
+from hf_rollouts.recipes.train_config import TrainConfig, TrainConfigError, check_config
+from hf_rollouts.schema import ROLLOUT_FEATURES
+from hf_rollouts.training import first_allowed_version, staleness_filter
+
+# the toy task (guess 3, one turn): the random tiny model solves a few rollouts, so rounds 0 and 1 take steps
+RUN = {"iterations": 3, "tasks_per_iter": 16, "num_rollouts": 8, "minibatch_size": 64, "eval_tasks": 4,
+       "max_new_tokens": 3, "quiet": True, "plot": "none", "importance_sampling_cap": 2.0}  # fmt: skip
+UNTIMED = ("seconds", "phases", "staleness")
+
+
+def untimed(history) -> list[dict]:
+    rows = []
+    for s in history:
+        row = {k: v for k, v in dataclasses.asdict(s).items() if k not in UNTIMED}
+        if row["heldout"]:
+            row["heldout"] = {k: v for k, v in row["heldout"].items() if k != "seconds"}
+        rows.append(row)
+    return rows
+
+
+def run_overlapped(cfg: TrainConfig, max_staleness: int):
+    with training.flush_denormals(True), contextlib.ExitStack() as cleanup:
+        parts = setup(cfg, cleanup)
+        timeline = play_overlapped(parts, ROUND_STEPS, max_staleness)
+        return parts.history, timeline
+
+
+def test_staleness_math():
+    assert [first_allowed_version(r, 1) for r in range(4)] == [0, 0, 1, 2]
+    assert [first_allowed_version(r, 0) for r in range(3)] == [0, 1, 2]
+    report = staleness_filter([[2, 2], [1, 1], [0, 1], [2, 0]], trainer_version=2, max_staleness=1)
+    assert report.keep == [True, True, False, False]
+    assert (report.rollouts_in, report.rollouts_out, report.groups_dropped, report.rollouts_dropped) == (8, 4, 2, 4)
+    assert report.staleness == {0: 3, 1: 3, 2: 2}
+    assert report.as_metrics()["staleness"] == {"0": 3, "1": 3, "2": 2}
+    assert staleness_filter([[0, 0]], 0, 0).keep == [True]
+    with pytest.raises(ValueError, match=r"policy_versions\[0\]\[1\] is None"):
+        staleness_filter([[0, None]], 1, 1)
+    with pytest.raises(ValueError, match=r"policy_versions\[0\]\[0\] is 3"):
+        staleness_filter([[3]], 2, 1)  # sampled by a version the trainer has not reached: a broken loop
+    with pytest.raises(ValueError, match="max_staleness must be an int >= 0"):
+        first_allowed_version(0, -1)
+
+
+def test_options_are_checked_before_any_work():
+    with pytest.raises(TrainConfigError, match="--importance-sampling-cap"):
+        check_config(TrainConfig(max_staleness=1))
+    with pytest.raises(TrainConfigError, match="--backend transformers"):
+        check_config(TrainConfig(max_staleness=1, importance_sampling_cap=2.0, checkpoint_every=1))
+    with pytest.raises(TrainConfigError, match=">= 0"):
+        check_config(TrainConfig(max_staleness=-1))
+
+
+def test_max_staleness_0_is_the_synchronous_loop_exactly(tmp_path):
+    straight = train(TrainConfig(**RUN, output_dir=str(tmp_path / "sync")))
+    switch = sys.getswitchinterval()
+    lockstep, timeline = run_overlapped(TrainConfig(**RUN, output_dir=str(tmp_path / "zero")), 0)
+    assert sys.getswitchinterval() == switch  # lowered while the rounds overlap (SWITCH_INTERVAL_S), restored
+    assert sum(s.trained_rollouts for s in straight) > 0
+    assert untimed(lockstep) == untimed(straight)
+    assert [s.staleness["staleness"] for s in lockstep] == [{"0": 128}] * 3
+    for k in (1, 2):  # lockstep: round k is collected after update k-1 ended
+        assert timeline.collect[k][0] >= timeline.update[k - 1][1]
+
+
+def test_max_staleness_1_overlaps_records_versions_and_weighs_by_the_recorded_logprobs(tmp_path):
+    cfg = TrainConfig(**RUN, max_staleness=1, keep_rollouts=True, output_dir=str(tmp_path / "one"))
+    history, timeline = run_overlapped(cfg, 1)
+    for k in (1, 2):  # round k's collection began before update k-1 ended
+        assert timeline.collect[k][0] < timeline.update[k - 1][1]
+    assert [(s.staleness["policy_version"], s.staleness["trainer_version"]) for s in history] == [(0, 0), (0, 1),
+                                                                                               (1, 2)]  # fmt: skip
+    assert [s.staleness["rollouts_dropped"] for s in history] == [0, 0, 0]
+    round1 = load_from_disk(str(tmp_path / "one" / "rollouts" / "iter0001"))
+    assert round1.features["policy_versions"] == ROLLOUT_FEATURES["policy_versions"]
+    assert {v for row in round1["policy_versions"] for v in row} == {0}
+    card = str(render_card(round1, agent_info={"name": "tiny"}, seed=0, pad_token_id=0))
+    assert "policy_versions" in card and "the policy version that sampled it" in card  # on the card, with its help
+    # the recorded log-probs of round 1 are version 0's (the starting weights, rebuilt): no gap against them ...
+    start = load_agent("tiny", model_seed=cfg.seed).model
+    rows = training.prepare_rollouts(round1, flatten=True, progress=False).dataset
+    assert training.logprob_gap(start, rows, 0).max_abs < 1e-4
+    # ... and the update weighed them against the trainer at version 1: a gap, weights away from 1
+    assert history[0].trained_rollouts and history[1].trained_rollouts
+    assert history[1].logprob_gap["max_abs"] > 1e-3 and history[1].importance["mean"] != pytest.approx(1.0, abs=1e-4)
+    assert history[0].logprob_gap["max_abs"] < 1e-4  # round 0: sampled by the trainer's own version
+
+
+def test_rollouts_older_than_the_bound_are_dropped_and_counted(tmp_path, capsys):
+    cfg = TrainConfig(**{**RUN, "iterations": 1}, keep_rollouts=True, output_dir=str(tmp_path / "r"))
+    run_overlapped(cfg, 1)
+    rollouts = load_from_disk(str(tmp_path / "r" / "rollouts" / "iter0000"))  # sampled by version 0
+    versions = [[0] * len(r) for r in rollouts["final_rewards"]]
+    versions[0] = [2] * len(versions[0])  # one group of version 2
+    rollouts = rollouts.remove_columns("policy_versions").add_column(
+        "policy_versions", versions, feature=ROLLOUT_FEATURES["policy_versions"]
+    )
+    kept, metrics = fresh_enough(rollouts, trainer_version=2, max_staleness=1)
+    assert len(kept) == 1 and kept["policy_versions"][0][0] == 2
+    assert metrics["groups_dropped"] == len(rollouts) - 1
+    assert metrics["rollouts_dropped"] == 8 * (len(rollouts) - 1)
+    assert "dropped" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="every group of the round is older"):
+        fresh_enough(rollouts.select(range(1, 3)), trainer_version=2, max_staleness=1)
+
+
+def test_hf_rollouts_train_takes_max_staleness_and_writes_the_staleness_metrics(tmp_path):
+    import json
+
+    import yaml
+
+    from hf_rollouts.cli import main as cli
+
+    out, config = tmp_path / "cli", tmp_path / "run.yaml"
+    values = {"iterations": 2, "tasks_per_iter": 8, "num_rollouts": 4, "eval_tasks": 0, "max_new_tokens": 3,
+              "quiet": True, "plot": "none", "output_dir": str(out)}  # fmt: skip
+    config.write_text(yaml.safe_dump(values))
+    args = ["train", str(config)]
+    assert cli([*args, "--max-staleness", "1"]) == 2  # refused before any work: no --importance-sampling-cap
+    assert not out.exists()
+    assert cli([*args, "--max-staleness", "1", "--importance-sampling-cap", "2.0"]) == 0
+    rows = json.loads((out / "metrics.json").read_text())
+    assert [(r["staleness"]["policy_version"], r["staleness"]["trainer_version"]) for r in rows] == [(0, 0), (0, 1)]
+
+
+def test_the_waiting_env_waits_in_an_async_step_and_plays_guess_the_number():
+    import asyncio
+    import inspect
+    import time
+
+    from hf_rollouts.envs.guess_number import GuessNumberEnv, WaitingGuessNumberEnv
+
+    tokenizer = load_agent("tiny").tokenizer
+    waiting = WaitingGuessNumberEnv(tokenizer, {"step_wait_s": 0.05})
+    plain = GuessNumberEnv(tokenizer, {})
+    assert inspect.iscoroutinefunction(waiting._step_episode)
+    began = time.perf_counter()
+    got = asyncio.run(waiting._step_episode("s", waiting._initialize_episode("s", {"target": 4}), "3"))
+    assert time.perf_counter() - began >= 0.05  # it waited (a lower bound, not a speed threshold)
+    want = plain._step_episode("s", plain._initialize_episode("s", {"target": 4}), "3")
+    assert got[1:] == want[1:] and got[0].last_message == want[0].last_message == "Higher."
+    with pytest.raises(Exception, match="step_wait_s"):
+        WaitingGuessNumberEnv(tokenizer, {"step_wait_s": -1})
