@@ -43,6 +43,7 @@ import random
 import threading
 import warnings
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any, ClassVar
 
 from datasets import Dataset
@@ -320,7 +321,7 @@ class MultistepEnv(ABC):
             if cls is object or not issubclass(cls, MultistepEnv):
                 continue
             try:
-                digest.update(open(inspect.getfile(cls), "rb").read())
+                digest.update(Path(inspect.getfile(cls)).read_bytes())  # read and closed (no ResourceWarning)
             except (OSError, TypeError):
                 digest.update(cls.__qualname__.encode())
         return {"source": digest.hexdigest()[:16]}
