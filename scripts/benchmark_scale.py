@@ -223,6 +223,7 @@ def rowwise_stats(ds: Any) -> Any:
         truncated=count.get("truncated", 0),
         errors=count.get("error", 0),
         environments=dict(envs),
+        samples=sum(map(sum, ds["num_samples"])) if "num_samples" in ds.column_names else len(rewards),
         **tools,
     )
 

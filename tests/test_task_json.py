@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 from datasets import Dataset, Features, Json, Value, load_dataset, load_from_disk
+from huggingface_hub import HfApi
 
 from hf_rollouts import generate_rollouts
 from hf_rollouts.agents import ScriptedAgent
@@ -121,7 +122,10 @@ def test_in_memory_disk_parquet_and_hub_files(tmp_path, monkeypatch):
         written.append(path)
 
     monkeypatch.setattr(Dataset, "push_to_hub", upload)
+    files = []  # the other network call: the provenance file push_rollouts uploads beside the data
+    monkeypatch.setattr(HfApi, "upload_file", lambda self, **kw: files.append(kw["path_in_repo"]))
     push_rollouts(ds, "me/tasks")
+    assert files == ["provenance.json"]
     hub = load_dataset("parquet", data_files=str(written[0]), split="train")
     assert_exact(hub["task_data"], hub["env_config"])  # push_to_hub's files
 
@@ -166,6 +170,7 @@ def test_an_empty_env_config_of_dict_rows_saves_loads_and_pushes(tokenizer, tmp_
         back = load_dataset("parquet", data_files=parquet_files(tmp_path / f"o{i}"), split="train")
         assert json.loads(back[0]["env_config"]) == {} and json.loads(back[0]["task_data"]) == {"target": 2}
     monkeypatch.setattr(Dataset, "push_to_hub", lambda self, repo_id, **kw: self.to_parquet(str(tmp_path / "h.pq")))
+    monkeypatch.setattr(HfApi, "upload_file", lambda self, **kw: None)  # the provenance file (the network boundary)
     push_rollouts(mapped, "me/r")
     assert json.loads(load_dataset("parquet", data_files=str(tmp_path / "h.pq"), split="train")[0]["env_config"]) == {}
 

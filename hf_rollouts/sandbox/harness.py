@@ -192,7 +192,7 @@ def run_cases(job, write_record):
             err.seek(max(0, err.seek(0, 2) - 1024))
             stdout, stderr = out.read(limit + 1), err.read(1024).decode(errors="replace")
         record["tail"] = (stdout[-1024:].decode(errors="replace") + stderr)[-2048:]
-        if returncode is None:
+        if returncode is None or returncode == -24:  # the wall limit, or SIGXCPU: the CPU-time limit (RLIMIT_CPU)
             record["error"] = "timeout"
         elif returncode != 0:
             lines = stderr.strip().splitlines()
