@@ -454,3 +454,20 @@ def test_a_plain_process_gets_no_credentials_unless_passed(tokenizer, monkeypatc
     passed = run(rows("environment", [{}], pass_env=["OPENAI_API_KEY"]), agent, tokenizer)
     names = json.loads(_answer_of(passed))
     assert "OPENAI_API_KEY" in names and "HF_TOKEN" not in names
+
+
+def test_the_endpoint_knows_no_concrete_backend_for_its_context_error():
+    """ContextLengthError lives in agents.base (every backend raises it), still importable from agents.hf.agent; the
+    endpoint's steps import no concrete agent."""
+    import ast
+    import inspect
+
+    import hf_rollouts.agents.hf.agent as hf_agent_module
+    import hf_rollouts.rollout.endpoint.steps as steps
+    from hf_rollouts.agents.base import ContextLengthError
+
+    assert hf_agent_module.ContextLengthError is ContextLengthError and steps.ContextLengthError is ContextLengthError
+    tree = ast.parse(inspect.getsource(steps))
+    imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    concrete = ("agents.hf", "agents.vllm", "agents.openai", "agents.scripted", "agents.loading")
+    assert "agents.base" in imported and not [m for m in imported if m.startswith(concrete)], imported
