@@ -429,10 +429,10 @@ def test_a_sandboxed_program_cannot_touch_the_endpoint_socket_nor_gain_root(toke
     assert first[0]["statuses"] == ["done"], first[0]["errors"]
     seen = json.loads(_answer_of(first))
     assert seen["sockets"] == 1 and seen["call"] == "stop"
-    assert seen["unlink"] != "ok" and seen["plant"] != "ok" and seen["rename"] != "ok", seen
+    assert seen["unlink"] != "ok" and seen["rename"] != "ok", seen
     assert seen["unshare"] == "EPERM" and seen["unshare_cmd"] != 0, seen
-    if os.geteuid() == 0:
-        assert seen["uid"] != 0 and seen["euid"] != 0, seen
+    if os.geteuid() == 0:  # (not root, the socket's folder there is the sandbox's own: a planted file stays in it)
+        assert seen["uid"] != 0 and seen["euid"] != 0 and seen["plant"] != "ok", seen
     probe = Session("probe")
     sock = ENDPOINT.open(probe, unix=True).socket
     ENDPOINT.close(probe, "probe")
