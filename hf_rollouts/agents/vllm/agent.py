@@ -56,8 +56,8 @@ from ...aio import ENGINE_LOOP
 from ...chat import ChatDelta
 from ...seeding import derive_seed
 from ...types import Action, AgentRequest, Message
-from ..base import Agent
-from ..hf.agent import ContextLengthError, stop_token_ids
+from ..base import Agent, ContextLengthError
+from ..hf.agent import stop_token_ids
 from ..sampling import SamplingConfig, sampling_from_kwargs
 from ..stop_strings import cut_at_stop_string
 from .engine import (
@@ -244,7 +244,7 @@ class VLLMAgent(Agent):
 
     async def answer(self, request: AgentRequest) -> tuple[Action, Any]:
         """Answer one request on the engine loop; ``(action, agent_state)``, or a :class:`VLLMRequestError` (or
-        :class:`~hf_rollouts.agents.hf.agent.ContextLengthError`)."""
+        :class:`~hf_rollouts.agents.base.ContextLengthError`)."""
         if self._engine is None:
             raise VLLMRequestError("the VLLMAgent was closed; build a new one.")
         return await self._answer(request)

@@ -1,7 +1,9 @@
 """The process an agent program runs in (run as a script: it imports the standard library only, never hf_rollouts).
 
 It reads its job as JSON on stdin (``program``, ``base_url``, ``api_key``, ``model``, ``task``, ``result``: the file
-to write its outcome to, and ``socket``: a Unix socket when it runs sandboxed), imports the program, calls it as
+to write its outcome to, ``socket``: a Unix socket when it runs sandboxed, and ``uid``: the unprivileged uid to become
+first, as root in the sandbox, with ``harness``: the code sandbox's harness file, whose ``drop_privileges`` does it),
+imports the program, calls it as
 ``program(endpoint, task)`` (awaited when it is ``async def`` or returns an awaitable) and writes
 ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "Type: message", "traceback": ...}`` to the result file.
 The program's prints go to stderr (stdout belongs to nobody), which the host keeps the end of.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -79,8 +82,22 @@ def bridge(path: str) -> int:
     return server.getsockname()[1]
 
 
+def drop_privileges(job: dict) -> None:
+    """As root in the sandbox, become the job's unprivileged ``uid`` before anything of the program runs, with the
+    code sandbox's own ``drop_privileges`` (the harness file ``job["harness"]``, loaded by path: standard library
+    only, like this script)."""
+    if job.get("uid") is None:
+        return
+    spec = importlib.util.spec_from_file_location("hf_rollouts_harness", job["harness"])
+    assert spec is not None and spec.loader is not None, job["harness"]
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    harness.drop_privileges(job["uid"])
+
+
 def main() -> int:
     job = json.loads(sys.stdin.read())
+    drop_privileges(job)
     os.dup2(2, 1)  # the program's prints go to stderr
     base_url = job["base_url"]
     if job.get("socket"):

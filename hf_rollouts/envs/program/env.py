@@ -18,7 +18,11 @@ runs unless it is allowed (``allowed_env_modules=["mypkg"]``, CLI ``--allow-env-
   an env without a verifier makes its episode ``error`` (saying so).
 
 Other keys: ``isolation`` (``"process"``: one process per episode; ``"bwrap"``: that process in the bubblewrap
-sandbox, no network, only the endpoint reachable; :mod:`.launch`), ``model_name`` (the name the endpoint serves and
+sandbox, no network, only the endpoint reachable, as root under an unprivileged uid; :mod:`.launch`), ``pass_env``
+(**credentials**: a ``"process"`` program gets this process's environment less every variable whose name looks like a
+credential, ``HF_TOKEN``, ``OPENAI_API_KEY``, ``*_SECRET*``, ``*PASSWORD*``, ..., so that code the model writes cannot
+print them into a stored reply; ``pass_env: ["OPENAI_API_KEY"]`` lists those the program gets anyway, in ``"bwrap"``
+too, whose environment is otherwise empty), ``model_name`` (the name the endpoint serves and
 ``endpoint.model`` holds), ``sampling_fields`` (``"record"`` or ``"refuse"`` the program's ``temperature`` and
 other sampling fields; the run's sampling settings govern either way), ``max_prompt_tokens`` (a longer prompt is
 answered 400 ``context_length_exceeded``), ``max_turns`` (model calls per episode, default 32) and the time limits
@@ -89,6 +93,9 @@ class ProgramConfig(EnvConfig):
     extraction_pattern: str | None = option(None, "The 'regex' extraction's pattern.")
     code_language: str | None = option(None, "The 'code' extraction: take the last block of this language only.")
     isolation: str = option("process", "Where each episode's program runs.", choices=ISOLATIONS)
+    pass_env: list[str] | None = option(
+        None, "Environment variables the program gets although their names look like credentials (HF_TOKEN, ...)."
+    )
     model_name: str = option("hf-rollouts-agent", "The model name the endpoint serves (endpoint.model).")
     sampling_fields: str = option(
         "record", "The program's temperature/top_p/...: recorded, or refused with a 400.", choices=("record", "refuse")
@@ -133,7 +140,7 @@ class ProgramEnv(MultistepEnv):
             self.rubric.bind(tokenizer)
             if self.max_reward is None:
                 self.max_reward = self.rubric.max_reward
-        self.launcher = ProgramLaunch(c.program, c.isolation)
+        self.launcher = ProgramLaunch(c.program, c.isolation, pass_env=tuple(c.pass_env or ()))
         self.launcher.check()
         self.renderer = Renderer(tokenizer, c.chat_template_kwargs or {})
         self.served_model, self.sampling_fields = c.model_name, c.sampling_fields

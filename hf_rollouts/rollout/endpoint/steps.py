@@ -22,7 +22,7 @@ Endings (each recorded with its reason; the program's process is killed whenever
 * it raises, crashes or exits without a result → ``error`` with its exception (the last lines of its stderr);
 * it never called the model → ``error`` saying so; a time limit → ``error`` (``EpisodeTimeout: episode_timeout ...``);
 * a call whose prompt is longer than ``max_prompt_tokens``, or than the model's context (the agent raises
-  :class:`~hf_rollouts.agents.hf.agent.ContextLengthError`), is answered 400 ``context_length_exceeded`` and the
+  :class:`~hf_rollouts.agents.base.ContextLengthError`), is answered 400 ``context_length_exceeded`` and the
   episode goes on (the program may shorten its history); every refused call is in the episode's ``info``.
 
 From the moment the episode ends its key is refused (401): a program that goes on calling cannot write into it.
@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ...agents.hf.agent import ContextLengthError
+from ...agents.base import ContextLengthError
 from ...agents.stop_strings import stop_string_end
 from ...aio import ENGINE_LOOP
 from ...chat import ChatDelta
