@@ -40,7 +40,7 @@ SEED_RULE = (
 SECRET_KEY = re.compile(
     r"^(?:(?:\w+[_-])?(?:api[_-]?key|secret[_-]?key|private[_-]?key|access[_-]?key|password|passwd)"
     r"|(?:(?:hf|access|auth|refresh|bearer|api|session|id|github|gh|openai|wandb)[_-])?token"
-    r"|(?:client[_-])?secret|authorization|bearer|credentials?|x[_-]api[_-]key)$",
+    r"|(?:client[_-])?secret|authorization|bearer|credentials?)$",
     re.IGNORECASE,
 )
 """Keys whose values are never recorded: whole credential names (``api_key``, ``openai_api_key``, ``token``,
