@@ -38,9 +38,15 @@ SEED_RULE = (
 """How a run's request seeds follow from its seed (:func:`hf_rollouts.expansion.play_rows`)."""
 
 SECRET_KEY = re.compile(
-    r"(^|[_-])(api[_-]?key|key|token|secret|password|passwd|authorization|bearer|credentials?)$", re.IGNORECASE
+    r"^(?:(?:\w+[_-])?(?:api[_-]?key|secret[_-]?key|private[_-]?key|access[_-]?key|password|passwd)"
+    r"|(?:(?:hf|access|auth|refresh|bearer|api|session|id|github|gh|openai|wandb)[_-])?token"
+    r"|(?:client[_-])?secret|authorization|bearer|credentials?)$",
+    re.IGNORECASE,
 )
-"""Keys whose values are never recorded (``api_key_env``, the *name* of a variable, is kept: it holds no secret)."""
+"""Keys whose values are never recorded: whole credential names (``api_key``, ``openai_api_key``, ``token``,
+``hf_token``, ``access_token``, ``secret``, ``password``, ``authorization``...), never a name that merely ends like
+one (``pad_token``, ``eos_token``, ``sort_key``: config a verify must see); ``api_key_env``, the *name* of a
+variable, is kept: it holds no secret."""
 SECRET_VALUE = re.compile(r"\b(sk-[A-Za-z0-9_\-]{8,}|hf_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{16,}|Bearer\s+\S+)")
 """Values that look like an API key or token, wherever they appear (e.g. in a URL or a spec string)."""
 REDACTED = "<redacted>"
@@ -60,7 +66,10 @@ def scrub(obj: Any, home: str | None = None) -> Any:
         return [scrub(v, home) for v in obj]
     if isinstance(obj, str):
         text = SECRET_VALUE.sub(REDACTED, obj)
-        return text.replace(home, "~") if home and home != "/" else text
+        if not home or home == "/":
+            return text
+        # the home directory as a whole path component only: /root/x is ~/x, /rootless/x and /x/root are not home
+        return re.sub(rf"(?<![\w./~-]){re.escape(home.rstrip('/'))}(?![\w.~-])", "~", text)
     return obj
 
 

@@ -341,3 +341,124 @@ def test_a_smollm2_dataset_verifies_and_an_edit_is_named(tmp_path):
     assert report.exit_code == 1
     named = [(m.row, m.rollout, m.position) for m in report.mismatches if m.field == "agent token"]
     assert (1, 0, at) in named, report.text()
+
+
+# -- the reviewer's findings (verify trusts nothing the provenance says, and fails with a message, not a traceback) --
+def edited_provenance(saved, tmp_path, edit):
+    """A copy of ``saved`` (rows and card as they were) whose provenance.json went through ``edit`` (in place)."""
+    out = tmp_path / "edited"
+    shutil.copytree(saved, out)
+    prov = json.loads((out / FILE).read_text())
+    edit(prov)
+    (out / FILE).write_text(json.dumps(prov))
+    return out
+
+
+def test_a_recorded_env_config_is_never_built_only_compared(saved, agent, tmp_path, monkeypatch):
+    """Was: the envs were built from the provenance's configs, so a recorded verifier naming a module imported it,
+    past --allow-env-module (the rows' configs pass the trust rule, the recorded ones did not)."""
+    marker = tmp_path / "imported"
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "hfr_evil_verifier.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n\ndef fn(completions, **kw):\n"
+        "    return [1.0] * len(completions)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    evil = {"name": "trl", "function": "hfr_evil_verifier.fn"}
+    path = edited_provenance(saved, tmp_path, lambda p: p["run"]["envs"][0]["config"].update(verifier=evil))
+    report = report_of(path, agent, sample=2)
+    assert not marker.exists() and "hfr_evil_verifier" not in sys.modules
+    edited, unrecorded = [m for m in report.mismatches if m.field.endswith(" config")]
+    assert edited.stored["verifier"] == evil and edited.found == [CONFIG] and report.exit_code == 1
+    assert "recorded env config not in the dataset rows" in edited.note
+    assert unrecorded.stored is None and unrecorded.found == CONFIG and "did not record" in unrecorded.note
+    # and the rows' config is compared scrubbed, as it was recorded: the untouched dataset still verifies
+    assert report_of(saved, agent, sample=1).exit_code == 0
+
+
+def test_recorded_sampling_settings_of_another_version_are_a_note(saved, tmp_path, capsys):
+    path = edited_provenance(saved, tmp_path, lambda p: p["run"]["agent"]["sampling"].update(future_knob=3))
+    assert main(["verify", str(path), "--sample", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "note: recorded sampling settings unknown to this version, left out: future_knob" in out
+    assert out.strip().splitlines()[-1].startswith("VERIFIED")
+
+
+def test_a_row_with_another_number_of_rollouts_is_a_mismatch(saved, agent, tmp_path):
+    """Was: IndexError (the replay read ``num_rollouts`` rollouts of a row that has fewer)."""
+    path = edited_provenance(saved, tmp_path, lambda p: p["run"]["options"].update(num_rollouts=3))
+    for kwargs in ({"rewards_only": True}, {}):
+        report = report_of(path, agent, tokenizer=agent.tokenizer, sample=2, **kwargs)
+        assert report.exit_code == 1
+        found = [m for m in report.mismatches if m.field == "rollouts per row"]
+        assert [(m.stored, m.found) for m in found] == [(2, 3), (2, 3)] and report.sample == []
+
+
+def test_an_env_that_cannot_be_built_here_is_unverifiable(agent, tmp_path, monkeypatch):
+    """Was: a RuntimeError out of the CLI (a program env isolated with bubblewrap, on a machine without it)."""
+    from hf_rollouts.envs.program import launch
+    from hf_rollouts.provenance.record import build_provenance
+    from hf_rollouts.schema import to_task_dataset
+
+    (tmp_path / "hfr_verify_program.py").write_text("def run(endpoint, task):\n    return 0.5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(launch, "find_bwrap", lambda *a: None)
+    config = {"program": "hfr_verify_program:run", "isolation": "bwrap"}
+    ds = to_task_dataset([{"env_class_path": "hf_rollouts.envs.program.ProgramEnv", "env_config": config,
+                           "task_data": {}}])  # fmt: skip
+    prov = build_provenance(ds)
+    prov["run"] = {"envs": [{"class": "hf_rollouts.envs.program.ProgramEnv", "config": config}], "options": {}}
+    report = verify_rollouts(ds, None, tokenizer=agent.tokenizer, rewards_only=True, provenance=prov,
+                             allowed_env_modules=["hfr_verify_program"])  # fmt: skip
+    assert any("cannot be built here" in u and "bubblewrap" in u for u in report.unverifiable), report.text()
+    assert report.exit_code == 1 and report.sample == []  # (the tokenizer record is missing: a mismatch)
+
+
+def test_verify_loads_no_recorded_hub_model_without_model(saved, agent, tmp_path, capsys):
+    """Was: the spec the provenance records (anyone's choice) was downloaded and loaded when --model was not given."""
+    path = edited_provenance(saved, tmp_path, lambda p: p["run"]["agent"].update(spec="someone/some-model"))
+    assert main(["verify", str(path), "--sample", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "'someone/some-model'" in err and "give --model" in err and "--rewards-only" in err
+    assert main(["verify", str(path), "--sample", "1", "--model", "tiny"]) == 0  # the model named: it replays
+    assert main(["verify", str(path), "--sample", "1", "--rewards-only"]) == 2  # no tokenizer/ folder: the model
+    assert "--tokenizer" in capsys.readouterr().err
+    agent.tokenizer.save_pretrained(tmp_path / "tok")
+    assert main(["verify", str(path), "--sample", "1", "--rewards-only", "--tokenizer", str(tmp_path / "tok")]) == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "scrubbed"),
+    [
+        ({"pad_token": "<pad>", "eos_token": "</s>", "sort_key": "len"}, None),  # config, not credentials
+        ({"api_key": "a", "openai_api_key": "b", "token": "c", "hf_token": "d", "access_token": "e", "secret": "f",
+          "password": "g", "Authorization": "h", "client_secret": "i", "db_password": "j"},
+         "all"),
+        ({"path": "/rootless/x", "other": "/x/root/y", "bak": "/root.bak"}, None),  # not the home directory
+        ({"path": "/root/x", "spec": "openai:http://h/v1#/root/m", "home": "/root"},
+         {"path": "~/x", "spec": "openai:http://h/v1#~/m", "home": "~"}),
+    ],
+)  # fmt: skip
+def test_scrub_redacts_credential_names_and_the_home_directory_only(value, scrubbed):
+    """Was: every key ending in _token/_key redacted (pad_token, sort_key: config changes hidden from verify), and the
+    home directory replaced inside longer names (/rootless/x became ~less/x)."""
+    from hf_rollouts.run_record import REDACTED, scrub
+
+    expected = value if scrubbed is None else {k: REDACTED for k in value} if scrubbed == "all" else scrubbed
+    assert scrub(value, home="/root") == expected
+
+
+def test_a_card_whose_yaml_uses_aliases_is_refused(saved, tmp_path, capsys):
+    bomb = "".join(f"{n}: &{n} [{', '.join([f'*{p}'] * 9 if p else ['x'] * 9)}]\n"
+                   for p, n in zip(["", "a", "b", "c", "d"], ["a", "b", "c", "d", "tags"]))  # fmt: skip
+    path = tmp_path / "bomb"
+    shutil.copytree(saved, path)
+    (path / FILE).unlink()
+    (path / "README.md").write_text(f"---\n{bomb}---\n# a card\n")
+    from hf_rollouts.provenance import ProvenanceError
+
+    with pytest.raises(ProvenanceError, match=r"uses an alias \(\*a, line 3\)"):
+        read_provenance(path)
+    assert main(["verify", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "error: the card of" in err and "reads no YAML aliases" in err

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,8 @@ class VerifyArgs:
         default=None,
         metadata={
             "help": "The model that made the dataset (a load_agent spec: tiny, smollm2, a path or Hub id); default: "
-            "the spec the provenance records. It is loaded with the recorded sampling settings, seed and backend."
+            "the spec the provenance records, if it is an embedded model or a local path (else --model is needed). "
+            "It is loaded with the recorded sampling settings, seed and backend."
         },
     )
     sample: int = field(default=8, metadata={"help": "Task rows to replay (every rollout of each); 0: none."})
@@ -56,20 +57,35 @@ def verify_parser() -> HfArgumentParser:
     return parser
 
 
-def recorded_agent(provenance: dict[str, Any], model: str | None) -> Any:
+def recorded_agent(provenance: dict[str, Any], model: str | None, notes: list[str] | None = None) -> Any:
     """The agent ``model`` (default: the recorded spec) loaded with the recorded sampling settings, seed, backend and
-    cache: the agent whose fingerprint the run recorded, if ``model`` is the recorded model."""
-    from ..agents.loading import load_agent
+    cache: the agent whose fingerprint the run recorded, if ``model`` is the recorded model.
+
+    Without ``model``, only a recorded spec that names an embedded model (``tiny``, ``smollm2``...) or a local path
+    that exists is loaded: any other (a Hub id, a server) is the provenance's author's choice of what to download or
+    call, so it needs ``--model`` (``ValueError`` says so). Recorded sampling settings this version does not know are
+    left out and named in ``notes``."""
+    from ..agents.loading import TINY_SPECS, load_agent
     from ..agents.sampling import SamplingConfig
 
     agent = ((provenance.get("run") or {}).get("agent")) or {}
     spec = model or agent.get("spec")
     if not spec:
-        raise ValueError("the provenance records no load_agent spec: give --model.")
+        raise ValueError("the provenance records no load_agent spec: give --model (or --rewards-only).")
     spec = os.path.expanduser(spec)  # a recorded path under the home directory is written from ~
+    if model is None and spec not in {*TINY_SPECS, "smollm2", "smollm2-tools"} and not Path(spec).exists():
+        raise ValueError(
+            f"the provenance records the model spec {spec!r}, which is neither an embedded model nor a local path "
+            "here; verify loads no recorded Hub id or server on its own: give --model (the model that made the "
+            "dataset) or --rewards-only (with PATH/tokenizer or --tokenizer)."
+        )
     settings = dict(agent.get("sampling") or {})
     own = {k: settings.pop(k) for k in ("seed", "backend", "reuse_kv", "cache") if k in settings}
-    return load_agent(spec, SamplingConfig(**settings), **own)
+    known = {f.name for f in fields(SamplingConfig)}
+    unknown = sorted(set(settings) - known)
+    if unknown and notes is not None:
+        notes.append(f"recorded sampling settings unknown to this version, left out: {', '.join(unknown)}")
+    return load_agent(spec, SamplingConfig(**{k: v for k, v in settings.items() if k in known}), **own)
 
 
 def _tokenizer(path: str, name: str | None) -> Any:
@@ -91,12 +107,12 @@ def run_verify(argv: list[str]) -> int:
 
     try:
         provenance = read_provenance(ns.path)
-        agent, tokenizer = None, None
+        agent, tokenizer, notes = None, None, []
         if provenance is not None and provenance.get("run") is not None:
             if args.rewards_only:
                 tokenizer = _tokenizer(ns.path, args.tokenizer)
             if not args.rewards_only or tokenizer is None:
-                agent = recorded_agent(provenance, args.model)
+                agent = recorded_agent(provenance, args.model, notes)
         report = verify_rollouts(
             ns.path,
             agent,
@@ -112,6 +128,7 @@ def run_verify(argv: list[str]) -> int:
     except (ProvenanceError, FileNotFoundError, ValueError, ImportError) as exc:  # says what to fix
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    report.notes += notes
     print(report.text())
     return report.exit_code
 

@@ -30,6 +30,7 @@ from datasets import Dataset
 
 from .._version import __version__
 from ..run_record import read_run_record, scrub
+from .card_yaml import CardHeaderError, read_card_file
 from .hashing import column_hashes, digest, mix, salt, to_hex
 
 FORMAT = 1
@@ -142,17 +143,18 @@ def read_provenance(source: str | Path) -> dict[str, Any] | None:
     """The provenance of a saved dataset: ``provenance.json`` in the directory ``source``, else the
     :data:`CARD_KEY` block of its ``README.md`` (a directory's, or a Hub dataset's card); ``None`` when it has
     neither (a dataset saved without hf_rollouts' provenance). Raises :class:`ProvenanceError` for one that is
-    unreadable."""
+    unreadable, and for a card whose YAML header :func:`~.card_yaml.read_card_file` refuses (aliases, too deep,
+    too large)."""
     folder = Path(source)
     if (folder / FILE).is_file():
         try:
             return _checked(json.loads((folder / FILE).read_text(encoding="utf-8")), str(folder / FILE))
         except json.JSONDecodeError as exc:
             raise ProvenanceError(f"{folder / FILE} is not JSON ({exc}).") from exc
-    from huggingface_hub import DatasetCard, hf_hub_download
+    from huggingface_hub import hf_hub_download
 
     if (folder / "README.md").is_file():
-        card = DatasetCard.load(folder / "README.md")
+        card = folder / "README.md"
     elif folder.exists():
         return None
     else:  # a Hub dataset: its provenance.json, else its card's block
@@ -166,10 +168,14 @@ def read_provenance(source: str | Path) -> dict[str, Any] | None:
             except json.JSONDecodeError as exc:
                 raise ProvenanceError(f"{FILE} of {source} is not JSON ({exc}).") from exc
         try:
-            card = DatasetCard.load(str(source), repo_type="dataset")
+            card = Path(hf_hub_download(str(source), "README.md", repo_type="dataset"))
         except (OSError, ValueError):  # no card on the Hub (or offline): nothing recorded that can be read
             return None
-    block = card.data.to_dict().get(CARD_KEY)
+    try:  # the card's YAML read with aliases refused and its size and depth bounded (a card is anyone's data)
+        header = read_card_file(card)
+    except CardHeaderError as exc:
+        raise ProvenanceError(f"the card of {source} is not read: {exc}") from None
+    block = header.get(CARD_KEY)
     return None if block is None else _checked(block, f"the {CARD_KEY} block of {source}'s card")
 
 

@@ -29,6 +29,7 @@ draw falls within that rounding of the boundary between two tokens.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
@@ -40,6 +41,7 @@ from datasets import Dataset
 from ..agents.base import Agent
 from ..envs.registry import validate_tasks
 from ..expansion import EnvCache, RolloutOptions, play_rows, rollout_columns
+from ..fingerprint import canonical
 from ..run_record import chat_template_record, env_source_files, scrub
 from ..schema import TASK_COLUMNS, decode_task_columns
 from ..sources import load_dataset_source
@@ -66,6 +68,8 @@ class VerifyReport:
     checked: list[str] = field(default_factory=list)
     sample: list[int] = field(default_factory=list)
     no_provenance: bool = False
+    notes: list[str] = field(default_factory=list)
+    """What the reader should know but changes no verdict (e.g. recorded settings this version does not know)."""
 
     @property
     def ok(self) -> bool:
@@ -90,6 +94,7 @@ class VerifyReport:
         lines = [f"verify {self.source}"]
         lines += [f"  checked: {c}" for c in self.checked]
         lines += [f"  unverifiable: {u}" for u in self.unverifiable]
+        lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  MISMATCH {m.line()}" for m in self.mismatches]
         return "\n".join([*lines, self.verdict])
 
@@ -149,7 +154,7 @@ def verify_rollouts(
         raise ValueError("verify needs the recorded model's tokenizer: pass agent= or tokenizer= (CLI: --model).")
     classes = validate_tasks(ds.select_columns(list(TASK_COLUMNS)), allowed_env_modules, allowed_env_models)
     envs = EnvCache(classes, tokenizer)
-    _check_envs(report, run, envs)
+    unbuilt = _check_envs(report, run, envs, decode_task_columns(ds.select_columns(list(TASK_COLUMNS))[:]))
     found_tok = chat_template_record(tokenizer)
     report.mismatches += compare_records(
         "tokenizer", run.get("tokenizer"), found_tok, ["fingerprint", "chat_template_sha256"]
@@ -173,17 +178,45 @@ def verify_rollouts(
         report.unverifiable.append(f"rewards of {v['env']}: {v['why']}")
     if sample <= 0 or not len(ds):
         return report
+    origin = {j: i for j, i in origin.items() if j not in unbuilt}
     _replay(report, ds, run, origin, envs, agent, tokenizer, sample, seed, rewards_only, logprob_tolerance, unscored)
     return report
 
 
-def _check_envs(report: VerifyReport, run: dict[str, Any], envs: EnvCache) -> None:
+def _check_envs(report: VerifyReport, run: dict[str, Any], envs: EnvCache, tasks: dict[str, list]) -> set[int]:
+    """Each recorded env against the env built here from the **rows'** own config (which passed the trust rule in
+    :func:`~hf_rollouts.envs.registry.validate_tasks`): a recorded config is data anyone can edit, and a scrubbed
+    one (:func:`~hf_rollouts.run_record.scrub`), so it is only compared (with ``scrub`` of the rows' config), never
+    built. Returns the rows whose env cannot be built here (reported unverifiable; they are not replayed)."""
+    built: dict[tuple[str, str], Any] = {}  # (class path, canonical scrubbed config) -> the env of the rows' config
+    unbuilt: set[int] = set()
+    for k, (path, config) in enumerate(zip(tasks["env_class_path"], tasks["env_config"])):
+        key = (path, canonical(scrub(json.loads(canonical(config)))))
+        if key not in built:
+            try:
+                built[key] = envs.get(path, config)
+            except RuntimeError as exc:  # what this machine lacks (bubblewrap for an isolated program, ...)
+                built[key] = None
+                report.unverifiable.append(f"env {path} cannot be built here ({' '.join(str(exc).split())})")
+        if built[key] is None:
+            unbuilt.add(k)
+    seen: set[tuple[str, str]] = set()
     for recorded in run.get("envs", []):
-        path, config = recorded["class"], recorded.get("config") or {}
-        if path not in envs.classes:
-            report.mismatches.append(Mismatch("env", path, None, note="recorded env class not in the dataset rows"))
+        path, config = recorded.get("class"), recorded.get("config") or {}
+        key = (path, canonical(config))
+        if key not in built:
+            in_rows = [json.loads(c) for p, c in sorted(built) if p == path]
+            note = (
+                "recorded env class not in the dataset rows"
+                if not in_rows
+                else ("recorded env config not in the dataset rows (their configs are what is built and played)")
+            )
+            report.mismatches.append(Mismatch(f"env {path} config", config, in_rows or None, note=note))
             continue
-        env = envs.get(path, config)
+        seen.add(key)
+        env = built[key]
+        if env is None:
+            continue
         found = env_source_files(type(env))
         for module in sorted(set(found) | set(recorded.get("source_files") or {})):
             a, b = (recorded.get("source_files") or {}).get(module), found.get(module)
@@ -193,7 +226,14 @@ def _check_envs(report: VerifyReport, run: dict[str, Any], envs: EnvCache) -> No
                 )
         recorded_fp, found_fp = {"fingerprint": recorded.get("fingerprint")}, {"fingerprint": scrub(env.fingerprint())}
         report.mismatches += compare_records(f"env {path}", recorded_fp, found_fp, ["fingerprint"])
+    for path, config in sorted(set(built) - seen):
+        report.mismatches.append(
+            Mismatch(
+                f"env {path} config", None, json.loads(config), note="an env config of the rows the run did not record"
+            )
+        )
     report.checked.append(f"{len(run.get('envs', []))} env source(s)")
+    return unbuilt
 
 
 def _replay(
@@ -213,15 +253,24 @@ def _replay(
     """Replay ``sample`` rows drawn with ``seed`` and compare them (see :func:`verify_rollouts`)."""
     candidates = sorted(origin)
     picked = sorted(random.Random(seed).sample(candidates, min(sample, len(candidates))))
+    known = {f.name for f in fields(RolloutOptions)}  # a field of another version's options is left out
+    opts = RolloutOptions(**{k: v for k, v in (run.get("options") or {}).items() if k in known})
+    counts = ds.select(picked).select_columns(["statuses"])["statuses"] if picked else []
+    for j, statuses in zip(list(picked), counts):
+        if len(statuses) != opts.num_rollouts:  # the run played num_rollouts of every row: this one is not its
+            report.mismatches.append(
+                Mismatch("rollouts per row", len(statuses), opts.num_rollouts, row=j, note="not replayed")
+            )
+            picked.remove(j)
     report.sample = picked
+    if not picked:
+        return
     stored = ds.select(picked)
     stored_rows = [stored[k] for k in range(len(stored))]
     run_ids = [origin[j] for j in picked]
-    known = {f.name for f in fields(RolloutOptions)}  # a field of another version's options is left out
-    opts = RolloutOptions(**{k: v for k, v in (run.get("options") or {}).items() if k in known})
     if rewards_only:
         episodes = {
-            (i, r): stored_episode(row, r) for i, row in zip(run_ids, stored_rows) for r in range(opts.num_rollouts)
+            (i, r): stored_episode(row, r) for i, row in zip(run_ids, stored_rows) for r in range(len(row["statuses"]))
         }
         max_new = ((run.get("agent") or {}).get("sampling") or {}).get("max_new_tokens") or 2**31
         player: Agent = StoredTokensAgent(episodes, tokenizer, int(max_new))
