@@ -221,7 +221,9 @@ def _replay(
     opts = RolloutOptions(**{k: v for k, v in (run.get("options") or {}).items() if k in known})
     if rewards_only:
         episodes = {
-            (i, r): stored_episode(row, r) for i, row in zip(run_ids, stored_rows) for r in range(opts.num_rollouts)
+            (i, r): stored_episode(row, r, envs.classes.get(row["env_class_path"]))
+            for i, row in zip(run_ids, stored_rows)
+            for r in range(opts.num_rollouts)
         }
         max_new = ((run.get("agent") or {}).get("sampling") or {}).get("max_new_tokens") or 2**31
         player: Agent = StoredTokensAgent(episodes, tokenizer, int(max_new))
