@@ -154,3 +154,18 @@ def test_a_changed_agent_token_of_an_earlier_sample_is_named_by_full_replay(samp
     assert (hits[0].row, hits[0].rollout, hits[0].position, hits[0].stored, hits[0].found) == (
         row, rollout, at, new, old
     ), report.text()  # fmt: skip
+
+
+def test_a_programs_branched_rows_verify_with_the_stored_agent_ids_decoded(tokenizer, tmp_path):
+    """A ProgramEnv row's conversation is the program's own copy of the history (here an edited one): played back,
+    each turn's text is the stored agent ids decoded (what the program received), so its reward is derived again;
+    the edited copy branches the episode into two samples."""
+    from test_program_env import ALLOW, TokenScript, rows, run
+
+    ds = run(rows("edited_history", [{"question": "Tell me.", "expected": ["a reply", "a reply"]}]),
+             TokenScript(tokenizer, lambda r: "a reply"), tokenizer)  # fmt: skip
+    assert ds[0]["final_rewards"] == [1.0] and ds[0]["num_samples"] == [2]
+    assert "a reply" not in [m["content"] for m in ds[0]["conversations"][0] if m["role"] == "assistant"][:1]
+    saved = save(ds, tokenizer, tmp_path / "out")
+    report = report_of(saved, None, tokenizer=tokenizer, rewards_only=True, allowed_env_modules=ALLOW)
+    assert report.exit_code == 0 and not report.mismatches, report.text()
