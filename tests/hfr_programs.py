@@ -276,3 +276,18 @@ def environment(endpoint, task):
 
     client(endpoint).chat.completions.create(model=endpoint.model, messages=[{"role": "user", "content": "hi"}])
     return {"answer": json.dumps(sorted(os.environ)), "reward": 1.0}
+
+
+def edited_history(endpoint, task):
+    """Two calls; the program keeps its own edited copy of each answer in its history (not what the model said);
+    reward 1 only when the answers it received are ``task["expected"]``."""
+    c = client(endpoint)
+    messages, got = [{"role": "user", "content": task["question"]}], []
+    for _ in range(2):
+        r = c.chat.completions.create(model=endpoint.model, messages=messages)
+        got.append(r.choices[0].message.content)
+        messages += [
+            {"role": "assistant", "content": f"(an answer of {len(got[-1])} characters)"},
+            {"role": "user", "content": "more"},
+        ]
+    return 1.0 if got == task["expected"] else 0.0

@@ -583,3 +583,22 @@ def test_logprob_gap_is_float32_rounding_for_a_float32_run_and_sees_a_shifted_to
     shifted = logprob_gap(model, rows.map(shift, with_indices=True), tok.pad_token_id, 0.7, batch_size=4)
     assert shifted.max_abs == pytest.approx(0.5, abs=1e-4)
     assert shifted.mean_abs == pytest.approx(gap.mean_abs + 0.5 / tokens, abs=1e-5)
+
+
+def test_unflattened_rows_filter_every_per_rollout_column():
+    """Columns outside the schema with one entry per rollout (rescore's previous_* and rescored, a user's column)
+    lose the dropped rollouts with the schema's; a per-task list column of another length is kept as it is."""
+    ds = handmade_rollouts()
+    n = [len(r) for r in ds["final_rewards"]]
+    ds = ds.add_column("previous_final_rewards", [[float(10 * g + k) for k in range(m)] for g, m in enumerate(n)])
+    ds = ds.add_column("rescored", [[k % 2 == 0 for k in range(m)] for m in n])
+    ds = ds.add_column("judge_notes", [[f"g{g}r{k}" for k in range(m)] for g, m in enumerate(n)])
+    ds = ds.add_column("task_tags", [["a", "b", "c", "d"] for _ in n])  # per task, not per rollout
+    out = prepare_rollouts(ds, drop_constant_groups=False, progress=False).dataset
+    assert out[0]["rollout_indices"] == [0, 1]  # the error rollout of group 0 dropped
+    for g, row in enumerate(out):
+        keep = row["rollout_indices"]
+        assert row["previous_final_rewards"] == [float(10 * g + k) for k in keep]
+        assert row["rescored"] == [k % 2 == 0 for k in keep]
+        assert row["judge_notes"] == [f"g{g}r{k}" for k in keep]
+        assert len(row["statuses"]) == len(keep) and row["task_tags"] == ["a", "b", "c", "d"]

@@ -175,3 +175,16 @@ def test_the_card_statistics_count_the_samples(branched):
     ) in stats.table()
     old = compute_stats(branched.remove_columns(["num_samples", "sample_calls", *SAMPLE_COLUMNS]))
     assert old.samples == old.rollouts and not any(name == "samples" for name, _ in old.table())
+
+
+@pytest.mark.parametrize("dropped", [list(SAMPLE_COLUMNS), ["earlier_logprobs"], ["earlier_token_ids"]])
+def test_missing_earlier_columns_of_a_branched_dataset_are_refused(branched, dropped):
+    """A select_columns that leaves out earlier_* columns of rollouts of several samples: a ValueError naming them,
+    not training on the last sample only. Without them an append-only dataset still trains."""
+    partial = branched.remove_columns(dropped)
+    for flatten in (True, False):
+        with pytest.raises(ValueError, match=r"lacks the earlier samples' column\(s\) \[") as info:
+            prepare_rollouts(partial, flatten=flatten, drop_constant_groups=False, progress=False)
+        assert all(c in str(info.value) for c in dropped) and "row " in str(info.value)
+    single = handmade_rollouts().remove_columns(dropped)  # every rollout one sample: nothing is lost
+    assert len(prepare_rollouts(single, flatten=True, progress=False).dataset) > 0

@@ -157,6 +157,81 @@ def _same_float(a: float | None, b: float | None, tol: float) -> bool:
     return abs(a - b) <= tol
 
 
+def _compare_tokens(
+    add: Any,
+    what: str,
+    stored: dict[str, Any],
+    replayed: dict[str, Any],
+    logprob_tolerance: float | None,
+    rewards: bool,
+) -> None:
+    """One sample's per-token fields, ``stored`` against ``replayed`` (``ids``, ``mask``, ``logprobs`` (``None``:
+    none), ``rewards``, unpadded lists); ``what`` prefixes the field names (``""`` for the last sample)."""
+    n_s, n_r = len(stored["ids"]), len(replayed["ids"])
+    n = min(n_s, n_r)
+    ids_s, ids_r = np.asarray(stored["ids"][:n]), np.asarray(replayed["ids"][:n])
+    mask_s, mask_r = np.asarray(stored["mask"][:n]), np.asarray(replayed["mask"][:n])
+    at = _first(ids_s != ids_r)
+    if at is not None:
+        add(what + ("agent token" if mask_s[at] else "env token"), int(ids_s[at]), int(ids_r[at]), at)
+    elif n_s != n_r:
+        add(what + "length", n_s, n_r, n, note="tokens in the " + ("sample" if what else "episode"))
+    at = _first(mask_s != mask_r)
+    if at is not None:
+        add(what + "agent mask", int(mask_s[at]), int(mask_r[at]), at)
+    lp_s, lp_r = stored["logprobs"], replayed["logprobs"]
+    if logprob_tolerance is not None and stored.get("has_logprobs") and replayed.get("has_logprobs"):
+        if (lp_s is None) != (lp_r is None):
+            add(what + "log-probs", "none" if lp_s is None else "stored", "none" if lp_r is None else "replayed")
+        elif lp_s is not None:
+            a, b = np.asarray(lp_s[:n], dtype=np.float64), np.asarray(lp_r[:n], dtype=np.float64)
+            gap = np.where(mask_s.astype(bool) & (ids_s == ids_r), np.abs(a - b), 0.0)
+            at = int(np.argmax(gap)) if len(gap) else 0
+            if len(gap) and gap[at] > logprob_tolerance:
+                note = f"|diff| {gap[at]:.3g} > {logprob_tolerance:g}"
+                add(what + "log-prob", float(a[at]), float(b[at]), at, note=note)
+    if rewards:
+        rw_s = np.asarray(stored["rewards"][:n], dtype=np.float64)
+        rw_r = np.asarray(replayed["rewards"][:n], dtype=np.float64)
+        at = _first(np.abs(rw_s - rw_r) > REWARD_TOLERANCE)
+        if at is not None:
+            add(what + "per-token reward", float(rw_s[at]), float(rw_r[at]), at)
+
+
+def _last_sample(columns: dict[str, Any], r: int) -> dict[str, Any]:
+    n = sum(columns["padded_full_attention_mask"][r])
+    lp = columns.get("padded_logprobs")
+    return {
+        "ids": columns["padded_full_token_ids"][r][:n],
+        "mask": columns["padded_agent_token_mask"][r][:n],
+        "logprobs": None if lp is None or lp[r] is None else lp[r][:n],
+        "has_logprobs": lp is not None,
+        "rewards": columns["padded_per_token_rewards"][r][:n],
+    }
+
+
+def _earlier_samples(columns: dict[str, Any], r: int) -> list[dict[str, Any]] | None:
+    """The earlier samples of rollout ``r`` (``None``: the columns are not there, a dataset made before them)."""
+    if columns.get("earlier_token_ids") is None:
+        return None
+    ids = columns["earlier_token_ids"][r] or []
+
+    def per(name: str) -> list[Any]:
+        values = columns.get(name)
+        return (values[r] if values is not None and values[r] is not None else None) or [None] * len(ids)
+
+    lp = columns.get("earlier_logprobs")
+    return [
+        {"ids": i, "mask": m or [], "logprobs": p, "has_logprobs": lp is not None, "rewards": w or []}
+        for i, m, p, w in zip(ids, per("earlier_agent_token_mask"), per("earlier_logprobs"),
+                              per("earlier_per_token_rewards"))
+    ]  # fmt: skip
+
+
+COUNT_FIELDS = (("num_turns", "num_turns"), ("num_samples", "num_samples"), ("sample_calls", "sample_calls"))
+"""The per-rollout counts a replay must give again: agent turns, samples, and the calls each sample holds."""
+
+
 def compare_episode(
     stored: dict[str, Any],
     replayed: dict[str, Any],
@@ -166,10 +241,12 @@ def compare_episode(
     logprob_tolerance: float | None,
     rewards: bool = True,
 ) -> list[Mismatch]:
-    """Rollout ``rollout`` of stored row ``row`` against its replay (both rows of rollout columns): status, length,
-    agent and env tokens, the agent mask, log-probs within ``logprob_tolerance`` (``None``: not compared), per-token
-    and final rewards and the verdict (``rewards=False``: not compared). The first differing position of each field
-    is named."""
+    """Rollout ``rollout`` of stored row ``row`` against its replay (both rows of rollout columns): status, the
+    counts (``num_turns``, ``num_samples``, ``sample_calls``), then every sample (the earlier ones of the
+    ``earlier_*`` columns, each named ``earlier sample k``, and the last, the ``padded_*`` columns): length, agent and
+    env tokens, the agent mask, log-probs within ``logprob_tolerance`` (``None``: not compared), per-token rewards;
+    then final rewards and the verdict (``rewards=False``: no rewards compared). The first differing position of
+    each field is named. A column missing on either side (a dataset made before it) is not compared."""
     out: list[Mismatch] = []
 
     def add(field: str, a: Any, b: Any, position: int | None = None, note: str = "") -> None:
@@ -178,37 +255,19 @@ def compare_episode(
     r = rollout
     if stored["statuses"][r] != replayed["statuses"][r]:
         add("status", stored["statuses"][r], replayed["statuses"][r], note=replayed["errors"][r] or "")
-    n_s, n_r = sum(stored["padded_full_attention_mask"][r]), sum(replayed["padded_full_attention_mask"][r])
-    n = min(n_s, n_r)
-    ids_s = np.asarray(stored["padded_full_token_ids"][r][:n])
-    ids_r = np.asarray(replayed["padded_full_token_ids"][r][:n])
-    mask_s = np.asarray(stored["padded_agent_token_mask"][r][:n])
-    mask_r = np.asarray(replayed["padded_agent_token_mask"][r][:n])
-    at = _first(ids_s != ids_r)
-    if at is not None:
-        add("agent token" if mask_s[at] else "env token", int(ids_s[at]), int(ids_r[at]), at)
-    elif n_s != n_r:
-        add("length", n_s, n_r, n, note="tokens in the episode")
-    at = _first(mask_s != mask_r)
-    if at is not None:
-        add("agent mask", int(mask_s[at]), int(mask_r[at]), at)
-    lp_s, lp_r = stored.get("padded_logprobs"), replayed.get("padded_logprobs")
-    if logprob_tolerance is not None and lp_s is not None and lp_r is not None:
-        if (lp_s[r] is None) != (lp_r[r] is None):
-            add("log-probs", "none" if lp_s[r] is None else "stored", "none" if lp_r[r] is None else "replayed")
-        elif lp_s[r] is not None:
-            a, b = np.asarray(lp_s[r][:n], dtype=np.float64), np.asarray(lp_r[r][:n], dtype=np.float64)
-            gap = np.where(mask_s.astype(bool) & (ids_s == ids_r), np.abs(a - b), 0.0)
-            at = int(np.argmax(gap)) if len(gap) else 0
-            if len(gap) and gap[at] > logprob_tolerance:
-                add("log-prob", float(a[at]), float(b[at]), at, note=f"|diff| {gap[at]:.3g} > {logprob_tolerance:g}")
+    for name, label in COUNT_FIELDS:
+        a, b = stored.get(name), replayed.get(name)
+        if a is not None and b is not None and a[r] != b[r]:
+            add(label, a[r], b[r])
+    early_s, early_r = _earlier_samples(stored, r), _earlier_samples(replayed, r)
+    if early_s is not None and early_r is not None:
+        for k, (a, b) in enumerate(zip(early_s, early_r)):
+            _compare_tokens(add, f"earlier sample {k} ", a, b, logprob_tolerance, rewards)
+        if len(early_s) != len(early_r):
+            add("earlier samples", len(early_s), len(early_r), note="samples before the last")
+    _compare_tokens(add, "", _last_sample(stored, r), _last_sample(replayed, r), logprob_tolerance, rewards)
     if not rewards:
         return out
-    rw_s = np.asarray(stored["padded_per_token_rewards"][r][:n], dtype=np.float64)
-    rw_r = np.asarray(replayed["padded_per_token_rewards"][r][:n], dtype=np.float64)
-    at = _first(np.abs(rw_s - rw_r) > REWARD_TOLERANCE)
-    if at is not None:
-        add("per-token reward", float(rw_s[at]), float(rw_r[at]), at)
     f_s, f_r = stored["final_rewards"][r], replayed["final_rewards"][r]
     if not _same_float(f_s, f_r, REWARD_TOLERANCE):
         add("final reward", f_s, f_r)

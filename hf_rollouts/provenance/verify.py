@@ -270,7 +270,9 @@ def _replay(
     run_ids = [origin[j] for j in picked]
     if rewards_only:
         episodes = {
-            (i, r): stored_episode(row, r) for i, row in zip(run_ids, stored_rows) for r in range(len(row["statuses"]))
+            (i, r): stored_episode(row, r, envs.classes.get(row["env_class_path"]))
+            for i, row in zip(run_ids, stored_rows)
+            for r in range(len(row["statuses"]))
         }
         max_new = ((run.get("agent") or {}).get("sampling") or {}).get("max_new_tokens") or 2**31
         player: Agent = StoredTokensAgent(episodes, tokenizer, int(max_new))

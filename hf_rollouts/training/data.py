@@ -25,7 +25,12 @@ from .advantages import RolloutFilter, RolloutFilterReport, drop_reasons, filter
 from .convention import dataset_logprob_convention, read_logprob_convention
 
 PER_ROLLOUT_COLUMNS: tuple[str, ...] = tuple(ROLLOUT_FEATURES)
-"""Columns holding one entry per rollout (outer length ``num_rollouts``)."""
+"""The schema's columns holding one entry per rollout (outer length ``num_rollouts``). ``prepare_rollouts(
+flatten=False)`` filters these and every other list column whose length in a row equals that row's number of
+rollouts (``len(final_rewards)``): rescoring's ``previous_*`` and ``rescored``, a user's per-rollout column."""
+
+ADDED_COLUMNS = ("advantages", "rollout_indices", "advantage_mode")
+"""The columns ``prepare_rollouts(flatten=False)`` adds (an input's own are replaced)."""
 
 FLAT_FEATURES = Features(
     {
@@ -136,16 +141,18 @@ def _flatten_batch(
 
 
 def _filter_groups_batch(batch: dict[str, list], *, opts: RolloutFilter) -> dict[str, list]:
-    out: dict[str, list] = {"advantages": [], "rollout_indices": [], "advantage_mode": []}
-    per_rollout = [c for c in PER_ROLLOUT_COLUMNS if c in batch]
-    for c in per_rollout:
+    out: dict[str, list] = {c: [] for c in ADDED_COLUMNS}
+    listed = [c for c in batch if c not in ADDED_COLUMNS]
+    for c in listed:
         out[c] = []
     for row in range(len(batch["final_rewards"])):
         rewards, statuses = batch["final_rewards"][row], batch["statuses"][row]
         advantages = group_advantages(rewards, statuses, opts.advantage, opts.eps)
         keep = [k for k, reason in enumerate(drop_reasons(rewards, statuses, opts)) if not reason]
-        for c in per_rollout:
-            out[c].append([batch[c][row][k] for k in keep])
+        for c in listed:  # a per-rollout column (see PER_ROLLOUT_COLUMNS) loses the dropped rollouts
+            value = batch[c][row]
+            per_rollout = c in PER_ROLLOUT_COLUMNS or (isinstance(value, list) and len(value) == len(rewards))
+            out[c].append([value[k] for k in keep] if per_rollout and value is not None else value)
         out["advantages"].append([advantages[k] for k in keep])
         out["rollout_indices"].append(keep)
         out["advantage_mode"].append(opts.advantage)
@@ -171,8 +178,10 @@ def prepare_rollouts(
         flatten: ``True``: one row per sample of each kept rollout (one per rollout for append-only episodes)
             with :data:`FLAT_FEATURES`, trimmed to its real length (what :class:`~.collate.RolloutCollator` takes);
             every sample of a rollout carries the rollout's advantage.
-            ``False``: the task rows, with every per-rollout list column
-            (:data:`PER_ROLLOUT_COLUMNS`) reduced to the kept rollouts (sequences
+            ``False``: the task rows, with every per-rollout list column (:data:`PER_ROLLOUT_COLUMNS`, and any
+            other list column whose length in a row is the row's number of rollouts, ``len(final_rewards)``:
+            rescoring's ``previous_*``, a user's column; a per-task list column of that length would be filtered
+            too) reduced to the kept rollouts (sequences
             stay padded to the task's original width) plus ``advantages``,
             ``rollout_indices`` and ``advantage_mode``; rows left with no rollout are removed.
         split: the split to read from a Hub id or a ``DatasetDict``.
@@ -191,7 +200,9 @@ def prepare_rollouts(
 
     Raises:
         ValueError: when the rows' log-probs were made with different settings (two runs concatenated; see
-            :func:`~.convention.split_by_logprob_settings`), before any work.
+            :func:`~.convention.split_by_logprob_settings`), or when the dataset lacks some of the earlier
+            samples' columns (:data:`~hf_rollouts.schema.SAMPLE_COLUMNS`) but holds rollouts of several samples
+            (:func:`check_sample_columns`), before any work.
     """
     unknown = sorted(set(filter_options) - {f.name for f in fields(RolloutFilter)})
     if unknown:
@@ -201,6 +212,7 @@ def prepare_rollouts(
     opts = RolloutFilter(**filter_options)
     ds = load_dataset_source(source, split)
     require_columns(ds)
+    check_sample_columns(ds)
     convention = dataset_logprob_convention(ds) or read_logprob_convention(source)
     scalars = ds.select_columns(["final_rewards", "statuses"]).to_dict()
     report, kept_groups = filter_report(scalars["final_rewards"], scalars["statuses"], opts)
@@ -208,6 +220,33 @@ def prepare_rollouts(
     with _progress_bars(progress):
         out = _prepare(kept, flatten, batch_size, opts, kept_groups)
     return PreparedRollouts(out, report, convention)
+
+
+def check_sample_columns(ds: Dataset) -> None:
+    """Raise ``ValueError`` naming the missing columns when ``ds`` lacks some of the earlier samples' columns
+    (:data:`~hf_rollouts.schema.SAMPLE_COLUMNS`; a ``select_columns`` that left them out) while a rollout has
+    several samples (``num_samples > 1``, or earlier samples in ``earlier_token_ids``; with neither column, any
+    partial set of them): training would otherwise see only the last sample of each rollout. A dataset with none
+    of them and no ``num_samples`` (written before samples) has one sample per rollout."""
+    missing = [c for c in SAMPLE_COLUMNS if c not in ds.column_names]
+    if not missing:
+        return
+    evidence = next((c for c in ("num_samples", "earlier_token_ids") if c in ds.column_names), None)
+    where = ""
+    if evidence is not None:
+        values = ds.select_columns([evidence]).to_dict()[evidence]
+        several = (lambda n: (n or 1) > 1) if evidence == "num_samples" else bool
+        row = next((i for i, per in enumerate(values) if any(several(v) for v in per or [])), None)
+        if row is None:
+            return
+        where = f" row {row} has a rollout of several samples ({evidence}), and"
+    elif len(missing) == len(SAMPLE_COLUMNS):
+        return
+    raise ValueError(
+        f"the rollout dataset lacks the earlier samples' column(s) {missing}:{where} without them training would "
+        "see only the last sample of each rollout. Keep every earlier_* column (hf_rollouts.schema.SAMPLE_COLUMNS) "
+        "with the padded_* ones when selecting columns."
+    )
 
 
 def _prepare(kept: Dataset, flatten: bool, batch_size: int, opts: RolloutFilter, kept_groups: list[int]) -> Dataset:
