@@ -17,7 +17,7 @@ from datasets import Dataset
 from hf_rollouts import ScriptedAgent, generate_rollouts
 from hf_rollouts.cli import main
 from hf_rollouts.envs.dataset import DatasetEnv, TaskRows, to_task_rows
-from hf_rollouts.envs.registry import validate_tasks
+from hf_rollouts.envs.registry import class_path, validate_tasks
 from hf_rollouts.schema import TaskValidationError
 from hf_rollouts.verify import MathVerifier
 
@@ -528,3 +528,46 @@ def test_load_source_reads_files_folders_and_saved_datasets(tmp_path):
 def test_the_dataset_env_makes_no_tasks_and_says_where_they_come_from(tokenizer):
     with pytest.raises(NotImplementedError, match="to_task_rows.*--from-dataset"):
         DatasetEnv(tokenizer).get_train_dataset()
+
+
+@pytest.mark.parametrize(
+    ("template", "key", "message"),
+    [
+        ({"prompt_template": "{q:>999999999}"}, "prompt_template", "width or precision over 10000"),
+        ({"prompt_template": "{q:.{n}}"}, "prompt_template", "nests a field"),
+        ({"prompt_template": "{q:" + "9" * 5000 + "}"}, "prompt_template", "width or precision over"),
+        ({"feedback": "No ({reason:^99999999}). Again."}, "feedback", "width or precision over 10000"),
+    ],
+)
+def test_a_format_spec_of_unbounded_size_is_refused_naming_row_and_key(template, key, message):
+    """A stranger's ``prompt_template`` or ``feedback`` with a huge width would allocate a gigabyte per row: it is
+    refused when the rows are checked (generate and rescore both check them), naming the row and the key."""
+    from hf_rollouts.envs.dataset.env import DatasetConfig, render_task
+
+    rows = [
+        {"env_class_path": class_path(DatasetEnv), "env_config": {}, "task_data": {"prompt": "2+2?", "answer": "4"}},
+        {"env_class_path": class_path(DatasetEnv), "env_config": template, "task_data": {"q": "2+2?", "answer": "4"}},
+    ]
+    with pytest.raises(TaskValidationError, match=f"row 1.*{key}.*{message}"):
+        validate_tasks(Dataset.from_list([{**r, "env_config": json.dumps(r["env_config"])} for r in rows]))
+    small = {"prompt_template": "{q:>20}|{q!r:.5}"}
+    task = render_task(DatasetConfig.from_dict(small)[0], {"q": "2+2?", "answer": "4"})
+    assert task["prompt"] == "                2+2?|'2+2?"  # a bounded width and precision are kept
+
+
+def test_a_backtracking_extraction_pattern_is_an_error_of_the_try_never_a_hang_or_a_zero(tokenizer):
+    """``(a+)+$`` from a dataset on a crafted reply backtracks for hours with ``re``: the search runs under
+    ``REGEX_TIMEOUT_S`` (the ``regex`` package), and past it the episode is an ``error`` naming the pattern."""
+    from hf_rollouts.envs.dataset.env import ExtractionTimeout, extract_reply_answer
+
+    config = {"verifier": "exact", "extraction": "regex", "extraction_pattern": "(a+)+$"}
+    env = DatasetEnv(tokenizer, config)
+    assert extract_reply_answer(env.config, "baaa") == "aaa"  # the pattern still extracts as re did
+    crafted = "a" * 5000 + "b"
+    with pytest.raises(ExtractionTimeout, match=r"extraction_pattern '\(a\+\)\+\$'.*backtracks"):
+        extract_reply_answer(env.config, crafted)
+    tasks = to_task_rows(Dataset.from_list([{"prompt": "say a", "answer": "a"}]), env_config=config)
+    out = play(tokenizer, tasks, [crafted])
+    assert out["statuses"] == [["error"]] and "ExtractionTimeout" in out["errors"][0][0]
+    assert math.isnan(out["final_rewards"][0][0])  # an error, never a 0
+    assert json.loads(out["infos"][0][0])["answer"] is None

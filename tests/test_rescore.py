@@ -275,3 +275,107 @@ def test_a_later_try_keeps_its_discount_and_a_spread_reward_lands_on_the_last_tu
     assert first_turn and all(rewards[i] == 0.0 for i in first_turn)
     assert all(rewards[i] == pytest.approx(0.5 / len(last_turn)) for i in last_turn)
     assert sum(rewards) == pytest.approx(0.5)
+
+
+def test_a_rescored_dataset_verifies_by_its_recorded_rescore_and_a_hand_edit_is_still_caught(stored, tmp_path):
+    """The rescore is recorded in the run record it carries on (``rescores``); ``verify --rewards-only`` replays the
+    rewards with the last rescore's verifier (the rows' own would call every changed reward a mismatch), and a
+    rescored reward edited by hand is still named by the row hashes."""
+    import shutil
+
+    from hf_rollouts.provenance import FILE, verify_rollouts
+    from hf_rollouts.publish import save_rollouts
+    from hf_rollouts.run_record import read_run_record
+
+    ds, tok = stored
+    trl = {"name": "trl", "function": "hfr_rewards.short_completion"}
+    out = rescore_rollouts(ds, trl, tokenizer=tok, allowed_env_modules=["hfr_rewards"])
+    assert out["final_rewards"] != out["previous_final_rewards"]  # the new verifier scored them otherwise
+    (entry,) = read_run_record(out)["rescores"]
+    assert entry["verifier"] == trl and entry["keep_prefix"] == "previous_" and entry["replayable"] is True
+    assert read_run_record(out)["envs"] == read_run_record(ds)["envs"]  # the run's record carried on
+    saved = save_rollouts(out, tmp_path / "rescored")
+    with pytest.raises(TaskValidationError, match="hfr_rewards"):  # the recorded spec is trusted as a row's is
+        verify_rollouts(saved, None, tokenizer=tok, sample=8, rewards_only=True)
+    report = verify_rollouts(
+        saved, None, tokenizer=tok, sample=8, rewards_only=True, allowed_env_modules=["hfr_rewards"]
+    )
+    assert report.exit_code == 0 and not report.mismatches, report.text()
+    assert any("last rescore" in c and "short_completion" in c for c in report.checked), report.text()
+
+    edited = out.map(
+        lambda r, i: {
+            "final_rewards": [r["final_rewards"][0] + 0.5, *r["final_rewards"][1:]] if i == 2 else r["final_rewards"]
+        },
+        with_indices=True,
+        features=out.features,
+    )
+    tampered = tmp_path / "tampered"
+    edited.save_to_disk(str(tampered))
+    shutil.copy(saved / FILE, tampered / FILE)
+    report = verify_rollouts(
+        tampered, None, tokenizer=tok, sample=8, rewards_only=True, allowed_env_modules=["hfr_rewards"]
+    )
+    assert report.exit_code == 1
+    hashes = [m for m in report.mismatches if m.field.startswith("row hash")]
+    assert [m.row for m in hashes] == [2] and "final_rewards" in hashes[0].field, report.text()
+    assert [(m.row, m.rollout) for m in report.mismatches if m.field == "final reward"] == [(2, 0)]
+
+
+def test_a_rescore_that_cannot_be_replayed_is_unverifiable_never_a_mismatch(stored, tmp_path):
+    from hf_rollouts.provenance import verify_rollouts
+    from hf_rollouts.publish import save_rollouts
+
+    ds, tok = stored
+    out = rescore_rollouts(ds, MathVerifier())  # an object: no spec to build it again
+    saved = save_rollouts(out, tmp_path / "rescored")
+    report = verify_rollouts(saved, None, tokenizer=tok, sample=8, rewards_only=True)
+    assert report.exit_code == 3 and not report.mismatches, report.text()
+    assert any(u.startswith("rewards: rescored by") and "verifier object" in u for u in report.unverifiable)
+    twice = rescore_rollouts(rescore_rollouts(ds, "math"), "exact", keep_prefix="again_")
+    from hf_rollouts.run_record import read_run_record
+
+    assert [e["verifier"] for e in read_run_record(twice)["rescores"]] == ["math", "exact"]
+
+
+def test_a_try_that_is_not_an_int_is_no_try():
+    from hf_rollouts.rescore.core import tried
+
+    assert tried('{"try": 1}') == 1 and tried('{"try": 3}') == 3
+    assert tried('{"try": true}') is None and tried('{"try": 1.0}') is None and tried('{"try": 0}') is None
+
+
+def test_a_strangers_bad_template_or_backtracking_pattern_is_refused_or_an_error(stored):
+    ds, _ = stored
+    wide = ds.map(
+        lambda e, i: {"env_config": json.dumps({**json.loads(e["env_config"]), "feedback": "{reason:>999999999}"})}
+        if i == 5 else {}, with_indices=True,
+    )  # fmt: skip
+    with pytest.raises(TaskValidationError, match="row 5.*feedback.*width or precision over 10000"):
+        rescore_rollouts(wide, "exact")
+    pattern = {"extraction": "regex", "extraction_pattern": "(a+)+$"}
+    crafted = ds.map(
+        lambda e: {
+            "env_config": json.dumps({**json.loads(e["env_config"]), **pattern}),
+            "conversations": [
+                [*c[:-1], {"role": "assistant", "content": "a" * 5000 + "b"}] for c in e["conversations"]
+            ],
+        }
+    )
+    out = rescore_rollouts(crafted.select([0]), "exact")
+    assert out["statuses"] == [["error", "error"]] and out["rescored"] == [[True, True]]
+    assert "ExtractionTimeout" in out["errors"][0][0] and all(math.isnan(x) for x in out["final_rewards"][0])
+
+
+def test_an_alias_bomb_card_is_refused_before_any_scoring(stored, tmp_path, capsys):
+    from hf_rollouts.cli import main
+    from hf_rollouts.publish import save_rollouts
+
+    ds, _ = stored
+    source = save_rollouts(ds, tmp_path / "rollouts")
+    bomb = "---\na: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: [*b, *b]\n---\n"
+    (source / "README.md").write_text(bomb)
+    assert main(["rescore", str(source), "--verifier", "math", "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "README.md" in err and "uses an alias (*a, line 3)" in err, err
+    assert not (tmp_path / "out" / "dataset_info.json").exists()

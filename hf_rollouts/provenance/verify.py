@@ -18,7 +18,10 @@ What is checked, in order (each finding a :class:`~.compare.Mismatch` naming row
 
 What cannot be replayed is reported as **unverifiable**, never as verified: an agent without per-request seeded,
 batch-invariant sampling (a server, the ``continuous`` backend), a verifier that is not deterministic (a judge with
-a temperature or behind a server), a dataset without a run record. A dataset without provenance is reported as such.
+a temperature or behind a server), a dataset without a run record. A dataset rescored by ``hf_rollouts.rescore``
+(the run record's ``rescores``) has its rewards replayed with the last rescore's verifier (trusted as task rows'),
+or reported unverifiable when that one cannot be replayed; its ``previous_*`` columns are checked by the row hashes.
+A dataset without provenance is reported as such.
 
 Log-prob tolerance (:data:`LOGPROB_TOLERANCE`): a replay runs its rows in other batches than the run did (other
 padding, another batch size), and the CPU kernels' reductions then round differently in the last bits: measured on
@@ -39,7 +42,7 @@ from typing import Any
 from datasets import Dataset
 
 from ..agents.base import Agent
-from ..envs.registry import validate_tasks
+from ..envs.registry import validate_task_rows, validate_tasks
 from ..expansion import EnvCache, RolloutOptions, play_rows, rollout_columns
 from ..fingerprint import canonical
 from ..run_record import chat_template_record, env_source_files, scrub
@@ -174,6 +177,15 @@ def verify_rollouts(
             report.mismatches += compare_records("agent", recorded, current, keys)
             report.checked.append("agent fingerprint (model, weights probe, sampling)")
     unscored = [v for v in provenance.get("verifiers", []) if not v.get("replayable", True)]
+    rescore = (run.get("rescores") or [None])[-1]  # the rewards are the last rescore's (hf_rollouts.rescore)
+    if rescore is not None:
+        unscored, spec = [], json.dumps(rescore.get("verifier"), sort_keys=True)
+        if not rescore.get("replayable"):  # its previous_* columns and rewards are covered by the row hashes only
+            report.unverifiable.append(f"rewards: rescored by {spec}, not replayable ({rescore.get('why')}); no replay")
+            return report
+        tasks = decode_task_columns(ds.select_columns(list(TASK_COLUMNS))[:])
+        validate_task_rows(rescored_tasks(tasks, run), allowed_env_modules, allowed_env_models)
+        report.checked.append(f"rewards replayed with the verifier of the last rescore, {spec}")
     for v in unscored:
         report.unverifiable.append(f"rewards of {v['env']}: {v['why']}")
     if sample <= 0 or not len(ds):
@@ -181,6 +193,15 @@ def verify_rollouts(
     origin = {j: i for j, i in origin.items() if j not in unbuilt}
     _replay(report, ds, run, origin, envs, agent, tokenizer, sample, seed, rewards_only, logprob_tolerance, unscored)
     return report
+
+
+def rescored_tasks(tasks: dict[str, list], run: dict[str, Any]) -> dict[str, list]:
+    """Decoded task columns whose ``env_config["verifier"]`` is that of the run record's last rescore (its
+    ``rescores``; none: ``tasks`` as they are)."""
+    rescore = (run.get("rescores") or [None])[-1]
+    if rescore is None:
+        return tasks
+    return {**tasks, "env_config": [{**c, "verifier": rescore["verifier"]} for c in tasks["env_config"]]}
 
 
 def _check_envs(report: VerifyReport, run: dict[str, Any], envs: EnvCache, tasks: dict[str, list]) -> set[int]:
@@ -278,7 +299,7 @@ def _replay(
         player: Agent = StoredTokensAgent(episodes, tokenizer, int(max_new))
     else:
         player = agent
-    tasks = decode_task_columns(stored.select_columns(list(TASK_COLUMNS))[:])
+    tasks = rescored_tasks(decode_task_columns(stored.select_columns(list(TASK_COLUMNS))[:]), run)
     groups = play_rows(tasks, run_ids, envs, player, opts)
     replayed = rollout_columns(groups, tokenizer.pad_token_id)
     skip = {v["env"] for v in unscored}
@@ -298,4 +319,4 @@ def _replay(
 
 
 __all__ = ["EXIT_MISMATCH", "EXIT_UNVERIFIABLE", "EXIT_VERIFIED", "LOGPROB_TOLERANCE", "VerifyReport",
-           "replayable_agent", "verify_rollouts"]  # fmt: skip
+           "replayable_agent", "rescored_tasks", "verify_rollouts"]  # fmt: skip

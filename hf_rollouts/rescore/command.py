@@ -92,6 +92,7 @@ def run_rescore(argv: list[str]) -> int:
 
     from ..publish.save import TOKENIZER_DIR, check_output_dir, save_rollouts
     from ..sources import load_dataset_source
+    from ..viewer.card import CardHeaderError, read_card_header
     from .core import rescore_rollouts, rescore_summary
 
     check_output_dir(args.output, overwrite=args.overwrite)  # before any work
@@ -107,6 +108,13 @@ def run_rescore(argv: list[str]) -> int:
         print(f"error: {ns.path}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     root = Path(ns.path)
+    readme = root / "README.md"
+    text = readme.read_text() if readme.is_file() else "---\ntags:\n- hf_rollouts\n---\n# Rollouts\n"
+    try:  # a stranger's card: aliases, depth and size are refused before huggingface_hub parses it
+        read_card_header(text)
+    except CardHeaderError as exc:
+        print(f"error: {readme}: {exc}; fix or remove the card's YAML header and rescore again.", file=sys.stderr)
+        return 2
     tokenizer = None
     tok_path = args.tokenizer or (str(root / TOKENIZER_DIR) if (root / TOKENIZER_DIR).is_dir() else None)
     if tok_path:
@@ -123,8 +131,7 @@ def run_rescore(argv: list[str]) -> int:
         batch_size=args.batch_size,
     )
     summary = rescore_summary(out, args.keep_prefix)
-    readme = root / "README.md"
-    card = DatasetCard(readme.read_text() if readme.is_file() else "---\ntags:\n- hf_rollouts\n---\n# Rollouts\n")
+    card = DatasetCard(text)
     card.text += card_section(summary, spec_text(verifier), args.keep_prefix)
     target = save_rollouts(out, args.output, card, overwrite=args.overwrite)
     if (root / TOKENIZER_DIR).is_dir():

@@ -25,6 +25,11 @@ is refused naming it. **Trust**: what the verifier spec names is checked as a ta
 to import (a ``trl`` reward function) must be in ``allowed_env_modules``, a model or endpoint (a ``judge``, a
 ``reward_model``) in ``allowed_env_models``, before anything is imported or loaded. Every row's task is checked by the
 new verifier (a missing reference field) before any scoring.
+
+**Recorded**: the run record the rollouts carry (:mod:`hf_rollouts.run_record`) gets a ``rescores`` entry
+(:func:`rescore_entry`), so that ``hf-rollouts verify`` replays the new rewards with this verifier, or reports them
+unverifiable when it cannot replay them. A reply on which the row's ``extraction_pattern`` backtracks past its timeout
+is an error of that rollout (:class:`~hf_rollouts.envs.dataset.env.ExtractionTimeout`).
 """
 
 from __future__ import annotations
@@ -40,9 +45,11 @@ from datasets import Dataset, Features, List, Value
 
 from ..aio import ENGINE_LOOP
 from ..envs.dataset import DatasetEnv
-from ..envs.dataset.env import DatasetConfig, extract_reply_answer, render_task
+from ..envs.dataset.env import DatasetConfig, ExtractionTimeout, extract_reply_answer, render_task
 from ..envs.registry import resolve_env_class, validate_task_rows
 from ..envs.task_data import TaskDataError
+from ..provenance.record import verifier_specs
+from ..run_record import read_run_record, scrub, with_run_record
 from ..schema import SCORE_COLUMNS, TASK_COLUMNS, TaskValidationError, decode_task_columns, require_columns
 from ..verify import Rubric, TaskFieldError, Verdict, Verifier
 
@@ -107,7 +114,7 @@ def tried(info_json: str | None) -> int | None:
     except ValueError:
         return None
     value = info.get("try") if isinstance(info, dict) else None
-    return value if isinstance(value, int) and value >= 1 else None
+    return value if type(value) is int and value >= 1 else None  # a bool (True) is no try
 
 
 def placed(mask: list[int], reward: float, placement: str) -> list[float]:
@@ -135,7 +142,7 @@ class Rescorer:
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
         tasks = decode_task_columns({c: batch[c] for c in TASK_COLUMNS})
-        jobs, places = [], []
+        jobs, places, timeouts = [], [], []
         out: dict[str, list] = {f"{self.prefix}{c}": list(batch[c]) for c in REPLACED}
         out |= {c: [list(v) if isinstance(v, list) else v for v in batch[c]] for c in REPLACED}
         out[RESCORED_COLUMN] = [[False] * len(r) for r in batch["final_rewards"]]
@@ -146,10 +153,15 @@ class Rescorer:
                 try_no, reply = tried(batch["infos"][r][k]), last_reply(conversation)
                 if try_no is None or reply is None:
                     continue
-                answer = extract_reply_answer(config, reply)
+                try:
+                    answer = extract_reply_answer(config, reply)
+                except ExtractionTimeout as exc:  # the row's pattern backtracks on this reply: an error, not a 0
+                    timeouts.append((r, k, config, None, try_no, exc))
+                    continue
                 jobs.append(self.rubric.ascore(reply, answer, task))
                 places.append((r, k, config, answer, try_no))
-        verdicts = ENGINE_LOOP.call(gather(jobs)) if jobs else []
+        verdicts = [*(ENGINE_LOOP.call(gather(jobs)) if jobs else []), *(t[-1] for t in timeouts)]
+        places += [t[:-1] for t in timeouts]
         for (r, k, config, answer, try_no), verdict in zip(places, verdicts):
             out[RESCORED_COLUMN][r][k] = True
             mask = batch["padded_agent_token_mask"][r][k]
@@ -243,7 +255,7 @@ def rescore_rollouts(
     fingerprint = hashlib.sha256(identity.encode()).hexdigest()[:32]
     if taken:  # only 'rescored' from an earlier rescore with another prefix: replaced
         rollouts = rollouts.remove_columns([RESCORED_COLUMN])
-    return rollouts.map(
+    out = rollouts.map(
         Rescorer(rubric, keep_prefix),
         batched=True,
         batch_size=batch_size,
@@ -251,6 +263,35 @@ def rescore_rollouts(
         new_fingerprint=fingerprint,
         desc="rescore",
     )
+    record = read_run_record(rollouts)
+    if record is None:  # not made by generate_rollouts: no record to carry on
+        return out
+    entry = rescore_entry(verifier, keep_prefix, tasks["env_config"])
+    return with_run_record(out, {**record, "rescores": [*(record.get("rescores") or []), entry]})
+
+
+def rescore_entry(verifier: Any, keep_prefix: str, configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run record's entry for a rescore (appended to its ``rescores``; ``hf-rollouts verify`` replays the rewards
+    with the last one's verifier): ``verifier`` (the spec, scrubbed; a verifier object's fingerprint), ``keep_prefix``,
+    ``replayable`` and ``why`` not (a verifier object, a spec that held a secret, a judge that samples or sits behind
+    a server, rows of several tries: a rescore scores the last try only, a replay every try)."""
+    from .. import __version__
+
+    if isinstance(verifier, (Rubric, Verifier)):
+        spec, why = verifier.fingerprint(), "a verifier object built by the caller: no spec to build it again"
+    else:
+        spec = scrub(verifier)
+        why = "its spec held a secret or a home-directory path (recorded scrubbed)" if spec != verifier else None
+        why = why or verifier_specs({"envs": [{"config": {"verifier": verifier}}]})[0]["why"]
+        if why is None and any(int(c.get("max_turns") or DatasetEnv.default_max_turns) > 1 for c in configs):
+            why = "rows with max_turns > 1: the rescore scored each rollout's last try, a replay would score each try"
+    return {
+        "verifier": spec,
+        "keep_prefix": keep_prefix,
+        "replayable": why is None,
+        "why": why,
+        "hf_rollouts": __version__,
+    }
 
 
 def rescore_summary(ds: Dataset, prefix: str = DEFAULT_PREFIX) -> dict[str, Any]:
@@ -285,4 +326,4 @@ def spec_text(verifier: Any) -> str:
     return json.dumps(verifier, sort_keys=True) if not isinstance(verifier, str) else verifier
 
 
-__all__ = ["DEFAULT_PREFIX", "REPLACED", "rescore_rollouts", "rescore_summary", "spec_text"]
+__all__ = ["DEFAULT_PREFIX", "REPLACED", "rescore_entry", "rescore_rollouts", "rescore_summary", "spec_text"]

@@ -42,9 +42,13 @@ verifier declines to score (TRL's ``None``) too.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from string import Formatter
 from typing import Any, NamedTuple
+
+import regex
 
 from ...types import StepError
 from ...verify import (
@@ -63,6 +67,38 @@ from ..config import EnvConfig, EnvConfigError, option
 from ..task_data import TaskDataError
 
 DEFAULT_FEEDBACK = "That is not right ({reason}). Try again."
+
+MAX_FORMAT_WIDTH = 10_000
+"""The largest width or precision a ``prompt_template`` or ``feedback`` field may ask for (``{prompt:>999999999}``
+would allocate a gigabyte per row)."""
+REGEX_TIMEOUT_S = 1.0
+"""Seconds one ``extraction_pattern`` search of a reply may take (a pattern such as ``(a+)+$`` from a dataset can
+backtrack for hours on a crafted reply): past it the try is an error (:class:`ExtractionTimeout`), never a 0."""
+
+
+class ExtractionTimeout(ValueError):
+    """The ``regex`` extraction's search ran past :data:`REGEX_TIMEOUT_S` (a pattern that backtracks)."""
+
+
+def check_format_template(template: str, key: str) -> None:
+    """``EnvConfigError`` naming ``key`` when a ``str.format`` template (``prompt_template``, ``feedback``) asks for a
+    width or precision over :data:`MAX_FORMAT_WIDTH` or nests a field in a format spec (its size unbounded)."""
+    try:
+        parsed = list(Formatter().parse(template))
+    except ValueError as exc:
+        raise EnvConfigError(key, f"{key} {template!r:.80} is not a str.format template: {exc}.") from exc
+    for _, name, spec, _ in parsed:
+        if not spec:
+            continue
+        if "{" in spec:
+            raise EnvConfigError(key, f"{key} field {{{name}:{spec}}} nests a field in its format spec; write it out.")
+        sizes = re.findall(r"\d+", spec)
+        if any(len(d) > 6 or int(d) > MAX_FORMAT_WIDTH for d in sizes):
+            raise EnvConfigError(
+                key,
+                f"{key} field {{{name}:{spec:.40}}} asks for a width or precision over {MAX_FORMAT_WIDTH} "
+                "characters; use a smaller one (or none).",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +137,9 @@ class DatasetConfig(EnvConfig):
                 verifier_class(split_spec(spec)[0])
             except VerifierConfigError as exc:
                 raise EnvConfigError("verifier", str(exc)) from exc
+        if self.prompt_template is not None:
+            check_format_template(self.prompt_template, "prompt_template")
+        check_format_template(self.feedback, "feedback")
         try:
             self.feedback.format(reason="", answer="")
         except (KeyError, IndexError, ValueError) as exc:
@@ -193,8 +232,23 @@ def render_task(config: DatasetConfig, task_data: Mapping[str, Any]) -> dict[str
 
 
 def extract_reply_answer(config: DatasetConfig, reply: str) -> str | None:
-    """The answer in ``reply`` by ``config``'s extraction (what a :class:`DatasetEnv` of ``config`` scores)."""
-    return extract_answer(reply, config.extraction, config.extraction_pattern, config.code_language)
+    """The answer in ``reply`` by ``config``'s extraction (what a :class:`DatasetEnv` of ``config`` scores). The
+    ``regex`` extraction searches with the ``regex`` package under :data:`REGEX_TIMEOUT_S` (the pattern comes from a
+    dataset): :class:`ExtractionTimeout` past it."""
+    if config.extraction != "regex":
+        return extract_answer(reply, config.extraction, config.extraction_pattern, config.code_language)
+    try:
+        matches = list(regex.finditer(config.extraction_pattern, reply, timeout=REGEX_TIMEOUT_S))
+    except TimeoutError as exc:
+        raise ExtractionTimeout(
+            f"extraction_pattern {config.extraction_pattern!r:.80} searched a reply of {len(reply)} characters for "
+            f"over {REGEX_TIMEOUT_S:g}s (it backtracks); write a pattern without nested repeats such as (a+)+."
+        ) from exc
+    if not matches:
+        return None
+    m = matches[-1]
+    value = m.group("answer") if "answer" in m.re.groupindex else m.group(1) if m.re.groups else m.group(0)
+    return value.strip() if value and value.strip() else None
 
 
 class DatasetEnv(MultistepEnv):
@@ -274,8 +328,9 @@ class DatasetEnv(MultistepEnv):
     async def _step_episode(
         self, session_id: str, state: DatasetEpisode, action: str
     ) -> tuple[DatasetEpisode, float, bool, dict[str, Any]]:
-        answer = self.extract(action)
+        answer = None
         try:
+            answer = self.extract(action)
             verdict = await self.rubric.ascore(action, answer, state.task)
         except Exception as exc:  # the episode is an error; its infos still say what was scored and what raised
             error = f"{type(exc).__name__}: {exc}"
@@ -303,7 +358,11 @@ __all__ = [
     "DatasetConfig",
     "DatasetEnv",
     "DatasetEpisode",
+    "ExtractionTimeout",
+    "MAX_FORMAT_WIDTH",
     "PromptParts",
+    "REGEX_TIMEOUT_S",
+    "check_format_template",
     "check_system_prompt",
     "extract_reply_answer",
     "prompt_parts",
