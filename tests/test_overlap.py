@@ -86,10 +86,11 @@ def test_max_staleness_0_is_the_synchronous_loop_exactly(tmp_path):
 
 
 def test_max_staleness_1_overlaps_records_versions_and_weighs_by_the_recorded_logprobs(tmp_path):
-    """Run in a fresh process (the body below): the log-prob comparisons hold to 1e-4 there, while in the full
-    suite's process, after hundreds of other tests, round 1's recorded log-probs were once 2.9e-3 off the rebuilt
-    start (the cause is not found yet: the same test passes alone, under CPU load and at another torch thread
-    count)."""
+    """Run in a fresh process (the body below). In the suite's own process an earlier test builds a TRL
+    ``GRPOTrainer`` (tests/test_dataset_env.py), whose ``GRPOConfig`` defaults to bf16: accelerate's process-wide
+    state then holds ``mixed_precision="bf16"`` and every later ``Accelerator()`` inherits it, so the run trained and
+    sampled under bf16 autocast and round 1's log-probs were 2.9e-3 off the float32 recompute (found by bisection:
+    that test alone before this one reproduces it)."""
     if os.environ.get(CHILD) == "1":
         return _max_staleness_1(tmp_path)
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",

@@ -358,3 +358,29 @@ def test_the_eval_phase_is_timed_only_where_held_out_rows_were_played(tmp_path):
         assert cli(["train", str(path)]) == 0
         rows = json.loads((out / "metrics.json").read_text())
         assert all(set(r["phases"]) == phases for r in rows)  # tests/test_vllm_training.py reads the phases too
+
+
+INHERITED = """
+import sys, warnings
+from accelerate import Accelerator
+Accelerator(mixed_precision="bf16", cpu=True)  # what a TRL GRPOTrainer built earlier leaves (GRPOConfig: bf16)
+from hf_rollouts.cli import main
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    code = main(["train", sys.argv[1]])
+print("WARNED" if any("already holds mixed_precision='bf16'" in str(w.message) for w in seen) else "SILENT", code)
+"""
+
+
+def test_a_run_that_inherits_another_librarys_mixed_precision_says_so(tmp_path):
+    """accelerate's state is process-wide: after a TRL trainer (bf16 by default) a later Accelerator() autocasts in
+    bf16. Found in this suite: the overlapped-rounds test's log-probs were 2.9e-3 off after tests/test_dataset_env.py's
+    GRPOTrainer. In a fresh process (no inherited state) the same run warns of nothing."""
+    cfg = write_yaml(tmp_path / "one.yaml", {**RUN, "iterations": 1, "eval_tasks": 0, "checkpoint_every": 0,
+                                             "output_dir": str(tmp_path / "out")})  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_MIXED_PRECISION"} | {"PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", INHERITED, str(cfg)], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.stdout.split()[-2:] == ["WARNED", "0"], run.stderr[-2000:]
+    fresh = INHERITED.replace('Accelerator(mixed_precision="bf16", cpu=True)', "")
+    run = subprocess.run([sys.executable, "-c", fresh, str(cfg)], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.stdout.split()[-2:] == ["SILENT", "0"], run.stderr[-2000:]

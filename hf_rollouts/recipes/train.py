@@ -103,12 +103,31 @@ def add_lora(model: Any, rank: int, alpha: float | None) -> tuple[Any, list]:
     return peft_model, [p for p in peft_model.parameters() if p.requires_grad]
 
 
+def warn_inherited_precision(mixed_precision: str) -> None:
+    """Warn when the run's ``Accelerator()`` trains under mixed precision nobody asked this run for: accelerate's state
+    is process-wide, so a TRL ``GRPOTrainer`` built earlier in the process (``GRPOConfig`` defaults to bf16) makes every
+    later ``Accelerator()`` autocast in bf16. Asked for means ``accelerate launch --mixed_precision`` (its
+    ``ACCELERATE_MIXED_PRECISION`` variable)."""
+    import os
+    import warnings
+
+    if mixed_precision != "no" and os.environ.get("ACCELERATE_MIXED_PRECISION", "no") != mixed_precision:
+        warnings.warn(
+            f"this process's accelerate state already holds mixed_precision={mixed_precision!r} (set by another "
+            "library before this run, e.g. a TRL GRPOTrainer: GRPOConfig defaults to bf16), so the run trains under "
+            f"{mixed_precision} autocast; run it in a fresh process for float32, or launch it with "
+            f"`accelerate launch --mixed_precision {mixed_precision}` to mean it.",
+            stacklevel=3,
+        )
+
+
 def setup(cfg: TrainConfig, cleanup: contextlib.ExitStack) -> RunParts:
     """The policy, its optimizer, the sampling agent, the task rows, and a resumed run's state."""
     import torch
     from accelerate import Accelerator
 
     accelerator, out = Accelerator(), Path(cfg.output_dir or ".")
+    warn_inherited_precision(accelerator.mixed_precision)
     spec = "tiny-small" if cfg.model == "tiny" and cfg.model_size != "tiny" else cfg.model
     model, tokenizer, agent, params = runs.load_policy(cfg, spec=spec, device=accelerator.device, suffix="grpo")
     trained = model
