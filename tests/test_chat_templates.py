@@ -118,6 +118,28 @@ class TokenAgent(Agent):
         return Action(text=self.answers[turn], token_ids=ids, stopped=True), turn + 1
 
 
+def biased_to_stop_and_reason(model, tok):
+    """A copy of ``model`` sized for ``tok`` (a Qwen3-family tokenizer), ending turns on ``<|im_end|>``, with an
+    output bias towards that end token and the reasoning tags: random weights almost never sample a stop or a
+    reasoning block, this makes both happen."""
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(model)
+    model.resize_token_embeddings(len(tok))
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    model.generation_config.eos_token_id = [end]
+    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
+    head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    with torch.no_grad():
+        head.bias.zero_()
+        head.bias[end] = 5.0
+        head.bias[tok.convert_tokens_to_ids(["<think>", "</think>"])] = 4.0
+    model.lm_head = head.to(model.device)
+    return model
+
+
 def play(tok, name: str, agent: Agent, recording, **env_config):
     config = {"max_turns": 3, **env_config}
     if name not in NO_SYSTEM:

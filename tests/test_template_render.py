@@ -8,15 +8,13 @@ special tokens, a token-level agent that samples reasoning, and the real Transfo
 
 from __future__ import annotations
 
-import copy
-
 import pytest
-import torch
 from test_chat_templates import (  # noqa: F401 (frozen_date: an autouse fixture)
     ANSWERS,
     END_TOKEN,
     PromptEnv,
     TokenAgent,
+    biased_to_stop_and_reason,
     family_tokenizer,
     frozen_date,
     play,
@@ -109,18 +107,7 @@ def test_the_tiny_model_in_render_mode(tiny, recording):
     template's render does not extend the sample, and a new one starts."""
     model, base = tiny
     tok = family_tokenizer(base, "qwen3")
-    model = copy.deepcopy(model)
-    model.resize_token_embeddings(len(tok))
-    end = tok.convert_tokens_to_ids("<|im_end|>")
-    model.generation_config.eos_token_id = [end]
-    # random weights almost never sample a stop or a reasoning block: an output bias towards them makes both happen
-    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
-    head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
-    with torch.no_grad():
-        head.bias.zero_()
-        head.bias[end] = 5.0
-        head.bias[tok.convert_tokens_to_ids(["<think>", "</think>"])] = 4.0
-    model.lm_head = head.to(model.device)
+    model = biased_to_stop_and_reason(model, tok)
     agent = TransformersAgent(model, tok, temperature=1.0, max_new_tokens=12, seed=0)
     kwargs = THINKING["qwen3"]
     ep, log = play(tok, "qwen3", agent, recording, template_mode="render", chat_template_kwargs=kwargs)

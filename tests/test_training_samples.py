@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_chat_templates import family_tokenizer
+from test_chat_templates import biased_to_stop_and_reason, family_tokenizer
 from test_training import handmade_rollouts
 
 from hf_rollouts.agents.hf import TransformersAgent
@@ -50,17 +50,7 @@ def qwen3_policy(tiny):
     """The tiny model with the Qwen3 template's tokens, biased towards its end token and reasoning tags."""
     model, base = tiny
     tok = family_tokenizer(base, "qwen3")
-    model = copy.deepcopy(model)
-    model.resize_token_embeddings(len(tok))
-    end = tok.convert_tokens_to_ids("<|im_end|>")
-    model.generation_config.eos_token_id = [end]
-    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
-    head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
-    with torch.no_grad():
-        head.bias.zero_()
-        head.bias[end] = 5.0
-        head.bias[tok.convert_tokens_to_ids(["<think>", "</think>"])] = 4.0
-    model.lm_head = head.to(model.device)
+    model = biased_to_stop_and_reason(model, tok)
     return model, tok
 
 

@@ -5,12 +5,14 @@ agent tokens back (``rewards_only``) and by a full replay with the tiny model; a
 
 from __future__ import annotations
 
-import copy
-
 import pytest
-import torch
 from datasets import Dataset, load_from_disk
-from test_chat_templates import END_TOKEN, family_tokenizer, frozen_date  # noqa: F401 (frozen_date: autouse)
+from test_chat_templates import (  # noqa: F401 (frozen_date: autouse)
+    END_TOKEN,
+    biased_to_stop_and_reason,
+    family_tokenizer,
+    frozen_date,
+)
 from test_verify_rollouts import edit_cell, report_of, tampered
 
 from hf_rollouts import generate_rollouts
@@ -100,17 +102,7 @@ def tiny_qwen3(tiny, qwen3):
     """The tiny model on the Qwen3 tokenizer, biased towards stopping and reasoning tokens (random weights rarely
     sample either; see tests/test_template_render.py)."""
     model, _ = tiny
-    model = copy.deepcopy(model)
-    model.resize_token_embeddings(len(qwen3))
-    end = qwen3.convert_tokens_to_ids("<|im_end|>")
-    model.generation_config.eos_token_id = [end]
-    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
-    head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
-    with torch.no_grad():
-        head.bias.zero_()
-        head.bias[end] = 5.0
-        head.bias[qwen3.convert_tokens_to_ids(["<think>", "</think>"])] = 4.0
-    model.lm_head = head.to(model.device)
+    model = biased_to_stop_and_reason(model, qwen3)
     return TransformersAgent(model, qwen3, temperature=1.0, max_new_tokens=12, seed=0)
 
 
