@@ -70,6 +70,8 @@ def test_options_are_checked_before_any_work():
     for ok in ({"checkpoint_every": 1}, {"backend": "vllm"}, {"checkpoint_every": 1, "resume": True,
                                                                 "output_dir": "out"}):  # fmt: skip
         check_config(TrainConfig(max_staleness=1, importance_sampling_cap=2.0, **ok))  # overlap runs with these
+    with pytest.raises(TrainConfigError, match="--lora-rank with --backend vllm-server"):
+        check_config(TrainConfig(backend="vllm-server", lora_rank=4))
     with pytest.raises(TrainConfigError, match=">= 0"):
         check_config(TrainConfig(max_staleness=-1))
 
