@@ -74,3 +74,39 @@ def test_a_server_python_without_vllm_fails_saying_how_to_fix_it(tmp_path):
     with pytest.raises(ServerError, match="Is vLLM installed in --server-python"):
         serve_policy(policy.model, policy.tokenizer, cfg, tmp_path)
     assert "No module named 'vllm'" in (tmp_path / "vllm-server.log").read_text()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_the_server_ends_when_the_run_is_killed(tmp_path):
+    """The server is started with end_with_parent: a run SIGKILLed (no close, no cleanup) leaves no server behind.
+    Here the "server" is a sleep started the same way by a parent that is then SIGKILLed."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from hf_rollouts.recipes.served import end_with_parent\n"
+        "p = subprocess.Popen(['sleep', '600'], start_new_session=True, preexec_fn=end_with_parent)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(600)\n")])  # fmt: skip
+    deadline = time.monotonic() + 300  # the parent imports hf_rollouts first (slow on a loaded machine)
+    while not pid_file.is_file() or not pid_file.read_text():
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait(timeout=30)
+    for _ in range(1200):  # the kernel sends SIGTERM to the child when its parent dies
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        if open(f"/proc/{child}/stat").read().split()[2] == "Z":
+            break  # ended, not yet reaped (its parent is init now)
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the child outlived its killed parent")

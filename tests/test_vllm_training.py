@@ -30,8 +30,9 @@ GAP_BOUND = {"torch.float32": 2e-5, "torch.bfloat16": 3e-2}
 float32 rounding, or bfloat16's (measured: up to 9e-3 on these tokens)."""
 
 
-def _run_worker(python: str, model_dir: str, tmp: Path, part: str) -> SimpleNamespace:
-    """Run tests/vllm_training_worker.py PART once in the vLLM venv; its JSON report (see that file)."""
+def _run_worker(python: str, model_dir: str, tmp: Path, part: str, timeout: float = 900) -> SimpleNamespace:
+    """Run tests/vllm_training_worker.py PART once in the vLLM venv; its JSON report (see that file). ``timeout``:
+    seconds before it is stopped (a hung engine; an engine start on a loaded 2-core machine takes minutes)."""
     report = tmp / f"{part}.json"
     cmd = [python, str(REPO / "tests" / "vllm_training_worker.py"), model_dir, str(report), part]
     env = _vllm_env(tmp, PYTHONPATH=str(REPO), HF_ROLLOUTS_CACHE=os.environ["HF_ROLLOUTS_CACHE"])
@@ -41,10 +42,10 @@ def _run_worker(python: str, model_dir: str, tmp: Path, part: str) -> SimpleName
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp, start_new_session=True)
     try:
-        proc.wait(timeout=900)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         _stop(proc)
-        pytest.fail(f"the vLLM training worker ({part}) ran over 900 s:\n{log.read_text()[-3000:]}")
+        pytest.fail(f"the vLLM training worker ({part}) ran over {timeout:.0f} s:\n{log.read_text()[-3000:]}")
     if proc.returncode != 0 or not report.is_file():
         pytest.fail(f"the vLLM training worker ({part}) exited with {proc.returncode}:\n{log.read_text()[-5000:]}")
     print(f"\nvLLM training worker ({part}): {time.monotonic() - started:.1f} s in all")
@@ -144,8 +145,19 @@ def test_trl_colocate_mode_trains_with_our_envs_on_cpu(colocate_run):
 
 # --------------------------------------------------------------------------- overlapped rounds (issue 51, item 1)
 @pytest.fixture(scope="module")
-def overlap_run(vllm_python, small, tmp_path_factory):  # noqa: F811
-    return _run_worker(vllm_python, small[0], tmp_path_factory.mktemp("vllm-overlap"), "overlap").overlap
+def overlap_tmp(tmp_path_factory):
+    """One folder for the overlap and served parts: their engines share vLLM's compile cache (minutes on CPU)."""
+    return tmp_path_factory.mktemp("vllm-overlap")
+
+
+@pytest.fixture(scope="module")
+def overlap_run(vllm_python, small, overlap_tmp):  # noqa: F811
+    return _run_worker(vllm_python, small[0], overlap_tmp, "overlap", 2400).overlap
+
+
+@pytest.fixture(scope="module")
+def served_run(vllm_python, small, overlap_tmp):  # noqa: F811
+    return _run_worker(vllm_python, small[0], overlap_tmp, "served", 2400).served
 
 
 def _check_overlapped(run: dict) -> None:
@@ -185,10 +197,10 @@ def test_an_overlapped_vllm_run_resumes_to_the_straight_runs_metrics(overlap_run
     assert same_json(untimed(resumed), untimed(straight))
 
 
-def test_backend_vllm_server_reloads_its_weights_over_http_every_round(overlap_run):
+def test_backend_vllm_server_reloads_its_weights_over_http_every_round(served_run):
     """``--backend vllm-server``: the server's stored log-probs are the trainer's after every sync (the reload through
     /collective_rpc reached it), and the fingerprint moved with every update that took a step."""
-    rows = overlap_run["server_sync"]
+    rows = served_run["server_sync"]
     for row in rows:
         print(f"round {row['iteration']}: gap {row['logprob_gap']}, phases {row['phases']}")
     assert len(rows) == 3 and all({"collect", "update", "sync"} <= set(row["phases"]) for row in rows)
@@ -197,5 +209,5 @@ def test_backend_vllm_server_reloads_its_weights_over_http_every_round(overlap_r
     assert all(row["fingerprint_changed"] == bool(row["trained_rollouts"]) for row in rows)
 
 
-def test_overlapped_rounds_with_a_vllm_server(overlap_run):
-    _check_overlapped(overlap_run["server"])
+def test_overlapped_rounds_with_a_vllm_server(served_run):
+    _check_overlapped(served_run["server"])

@@ -15,8 +15,9 @@ Run as ``<vllm venv python> tests/vllm_training_worker.py MODEL_DIR OUT.json PAR
 * ``overlap`` (a process of its own): ``--max-staleness 1`` with the in-process engine for three rounds (held-out
   evaluations after each, checkpoints kept): the metrics rows, the recorded timeline, and each round's stored
   log-probs against the version it records recomputed from the checkpoints; the same run stopped after round 0 and
-  resumed; then ``--backend vllm-server`` (a vLLM server of the run's own, this Python's vLLM), synchronous with
-  ``--logprob-gap`` and overlapped.
+  resumed.
+* ``served`` (a process of its own): ``--backend vllm-server`` (a vLLM server of the run's own, this Python's
+  vLLM), synchronous with ``--logprob-gap``, and overlapped as ``overlap``.
 * ``colocate``: TRL's ``GRPOTrainer`` in colocate mode through ``build_grpo_trainer`` for three steps: first TRL's
   own weight sync (which fails on vLLM's CPU backend: the error is recorded), then training with
   ``reload_weights_sync``; TRL's logged sampler/trainer gaps and importance ratios, and each sync's seconds.
@@ -200,7 +201,11 @@ def overlap_runs(model_dir: str, tmp: Path) -> dict:
     stopped = str(tmp / "overlap_resumed")
     run_overlapped(model_dir, stopped, ("--stop-after-round", "0"))
     out["vllm_resumed"] = run_overlapped(model_dir, stopped, ("--resume",))
-    server = ("--server-python", sys.executable)
+    return out
+
+
+def served_runs(model_dir: str, tmp: Path) -> dict:
+    out, server = {}, ("--server-python", sys.executable)
     script = train_grpo_script()
     script.train(script.parse_args(script_args(str(tmp / "served"), ("--logprob-gap", *server), "vllm-server")))
     out["server_sync"] = json.loads((tmp / "served" / "metrics.json").read_text())
@@ -246,6 +251,8 @@ def trl_colocate(model_dir: str) -> dict:
 def main(model_dir: str, out_path: str, part: str) -> None:
     if part == "overlap":
         result = {"overlap": overlap_runs(model_dir, Path(out_path).parent)}
+    elif part == "served":
+        result = {"served": served_runs(model_dir, Path(out_path).parent)}
     elif part == "colocate":
         try:
             import trl  # noqa: F401

@@ -11,7 +11,8 @@ each update without a restart.
   weights (saved with the tokenizer to a temporary directory), on a free loopback port, float32, processed
   log-probs at ``--temperature``, ``--seed``, with ``VLLM_SERVER_DEV_MODE=1`` (vLLM 0.32 mounts its development
   routes, ``/collective_rpc`` and ``/reset_prefix_cache``, only then: a server for training, never one to expose).
-  Its output goes to ``OUTPUT_DIR/vllm-server.log``; it ends with the run (``close``), also when the run fails.
+  Its output goes to ``OUTPUT_DIR/vllm-server.log``; it ends with the run (``close``), also when the run fails or
+  is killed (:func:`end_with_parent`).
 * **The sync** (:meth:`ServedPolicy.sync_weights`): the model's weights as one safetensors file
   (:func:`~hf_rollouts.agents.vllm.weights.checkpoint_tensors`: tied embeddings included) in a directory the server
   can read (same machine: ``/dev/shm`` where it exists), then ``POST /collective_rpc`` ``{"method":
@@ -115,6 +116,15 @@ class ServedPolicy(OpenAIChatAgent):
                 proc.wait(timeout=30)
 
 
+def end_with_parent() -> None:
+    """In the server's process before it starts (Linux): SIGTERM it when the run's process dies, also by SIGKILL
+    (``prctl(PR_SET_PDEATHSIG)``), so a killed run leaves no server behind; elsewhere a no-op."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -148,7 +158,7 @@ def serve_policy(model: Any, tokenizer: Any, cfg: Any, log_dir: str | Path) -> S
     env.update(VLLM_SERVER_DEV_MODE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
     with open(log, "wb") as out:
         proc = subprocess.Popen(server_command(python, weights, port, cfg), stdout=out, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)  # fmt: skip
+                                env=env, start_new_session=True, preexec_fn=end_with_parent)  # fmt: skip
     root = f"http://127.0.0.1:{port}"
     try:
         wait_ready(proc, root, log)
