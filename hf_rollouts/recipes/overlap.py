@@ -31,7 +31,10 @@
   serialised around it (:class:`Overlap`'s ``engine`` lock): an evaluation of version ``r + 1`` waits for the
   round in flight to finish, syncs the engine to the trainer's weights, plays, and lets the collector go on (it
   reloads the version its next round needs, if another). Each round and each evaluation starts on an empty prefix
-  cache (dropped when no sync did), so its numbers never depend on what the engine ran before it.
+  cache (dropped when no sync did), so its numbers never depend on what the engine ran before it. The engine itself
+  would not keep two versions apart (a reload while a request runs goes on with the new weights over the old
+  KV): a sync never runs while any request of the engine is in flight, which is what the lock is for.
+* **A vLLM server** (``--backend vllm-server``, :mod:`.served`): the same, over HTTP.
 * **Checkpoints** (``--checkpoint-every``, ``--resume``). Round ``r``'s checkpoint holds, beside the trainer's
   weights (version ``r + 1``), the versions rounds ``r + 1 ..`` are sampled by (``r + 1 - N .. r``) under
   ``sampler/`` (:meth:`Overlap.save_sampler`). A resumed run starts a collector on them: rounds collected or in
