@@ -9,6 +9,7 @@ tests/test_vllm_training.py.
 from __future__ import annotations
 
 import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -64,11 +65,13 @@ def run(small_dir):
         small_dir, worker, transfer, max_steps=STEPS, learning_rate=1e-3, max_staleness=MAX_STALENESS
     )
     initial = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    started = time.perf_counter()
     trainer.train()
+    seconds = time.perf_counter() - started
     worker.stop()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     return SimpleNamespace(
-        trainer=trainer, worker=worker, transfer=transfer, sampler=sampler, logs=logs, initial=initial
+        trainer=trainer, worker=worker, transfer=transfer, sampler=sampler, logs=logs, initial=initial, seconds=seconds
     )
 
 
@@ -110,7 +113,8 @@ def test_reference_tree_attention_is_the_models_own_attention(small_dir):
 
 
 def test_the_async_trainer_trains_on_rollouts_of_our_envs(run):
-    print(f"\nworker {run.worker.stats}, batch versions {run.worker.batch_versions}, sends {run.transfer.seconds}")
+    print(f"\n{STEPS} steps in {run.seconds:.1f} s; worker {run.worker.stats}, versions {run.worker.batch_versions}")
+    print(f"sends (s): {[round(s, 4) for s in run.transfer.seconds]}")
     for h in run.logs:
         print(
             {
@@ -156,6 +160,24 @@ def test_the_worker_refuses_an_agent_without_log_probs(small_dir):
     worker._thread.join(timeout=120)
     with pytest.raises(RuntimeError, match="no log-probs: TRL's loss needs the sampler's"):
         worker.check_health(300)
+
+
+def test_the_worker_stops_after_batches_of_error_episodes_only(small_dir):
+    """An agent that always fails would leave TRL's trainer waiting on an empty queue: the worker stops instead."""
+    from transformers import AutoTokenizer
+
+    from hf_rollouts.agents.scripted import ScriptedAgent
+
+    def down(messages):
+        raise ConnectionError("the server is down")
+
+    tok = AutoTokenizer.from_pretrained(small_dir)
+    worker = EnvRolloutWorker(vowel_tasks(2), ScriptedAgent(down), tok, num_generations=2, allowed_env_modules=ALLOWED)
+    worker.start()
+    worker._thread.join(timeout=120)
+    with pytest.raises(RuntimeError, match="every episode of the last 3 batches was an error.*the server is down"):
+        worker.check_health(300)
+    assert worker.stats == {"batches": 3, "episodes": 6, "error_episodes": 6, "samples": 0}
 
 
 def test_a_temperature_other_than_the_samplers_is_refused(small_dir):

