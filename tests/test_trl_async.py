@@ -148,6 +148,42 @@ def test_rollouts_overlap_training_within_the_staleness_bound(run):
     assert all(h["sample/staleness_max"] <= MAX_STALENESS for h in run.logs)
 
 
+def test_an_episode_of_several_samples_is_a_training_row_per_sample(small_dir):
+    """Unlike a GRPOTrainer row, TRL's async trainer takes several rows per conversation (its own forks): each sample
+    of an episode is queued with the episode's advantage, its ids, the agent's sampled tokens as the mask and the
+    agent's log-probs there."""
+    from hfr_vowels import VowelShareEnv
+    from transformers import AutoTokenizer
+
+    from hf_rollouts.rollout.recorder import EpisodeRecorder
+    from hf_rollouts.types import Action
+
+    tok = AutoTokenizer.from_pretrained(small_dir)
+    env = VowelShareEnv(tok, {})
+    episodes = []
+    for texts, reward in ((("one", "two"), 1.0), (("one",), 0.0)):  # prompts that do not extend each other
+        rec = EpisodeRecorder(env.chat)
+        for i, text in enumerate(texts):
+            prompt = env.chat.initial_ids([{"role": "user", "content": text}])
+            ids = tok("ae", add_special_tokens=False)["input_ids"]
+            rec.add_call(prompt, Action(text="ae", token_ids=ids, logprobs=[-0.5 - i] * len(ids)))
+        episodes.append(rec.finish("done", reward))
+    assert [e.num_samples for e in episodes] == [2, 1]
+    worker = EnvRolloutWorker(
+        vowel_tasks(1), None, tok, num_generations=2, queue_maxsize=8, allowed_env_modules=ALLOWED
+    )
+    worker._queue(episodes, group_id=7, version=3)
+    rows = [worker.rollout_buffer.get_nowait() for _ in range(3)]
+    assert worker.rollout_buffer.empty()
+    for row, sample in zip(rows, [*episodes[0].samples, episodes[1].last_sample]):
+        assert row.input_ids.tolist() == sample.full_token_ids and (row.group_id, row.model_version) == (7, 3)
+        assert row.completion_mask.tolist() == sample.agent_token_mask and row.completion_mask.sum() == len(ids)
+        want = [lp for lp, m in zip(sample.logprobs, sample.agent_token_mask) if m]
+        assert row.old_log_probs[row.completion_mask == 1].tolist() == want
+    assert [round(r.advantage, 4) for r in rows] == [1.0, 1.0, -1.0]  # GRPO over the group, per conversation
+    assert rows[1].old_log_probs[rows[1].completion_mask == 1].tolist() == [-1.5] * len(ids)
+
+
 def test_the_worker_refuses_an_agent_without_log_probs(small_dir):
     from transformers import AutoTokenizer
 
