@@ -7,8 +7,10 @@ with ``--server URL``, by a running ``vllm serve`` (``VLLM_SERVER_DEV_MODE=1``, 
 processed_logprobs``) through :class:`ServerWeightReload`. TRL's FA3 tree attention runs where the ``kernels``
 package can fetch it, else the reference one (printed). A model directory with only a config and a tokenizer
 (``--random-weights``) gets seeded random weights, saved to a temporary directory (TRL loads from a path). Prints a
-line per step (reward, PPO ratio, KL, staleness) and a closing line; exits 1 when a step is missing, step 1's ratio
-(identical weights) is off by more than ``--max-gap`` or the sampler's copy does not end on the trained weights::
+line per step (reward, gradient norm, PPO ratio, KL, staleness) and a closing line; exits 1 when a step is missing,
+step 1's ratio (identical weights) is off by more than ``--max-gap`` or the sampler's copy does not end on the trained
+weights. With random weights the rewards are mostly 0 (a zero gradient: the weights then stay put): the check is the
+plumbing on CUDA and step 1's sampler/trainer agreement::
 
     python scripts/trl_async_check.py --model .gpu_check/models/smollm2-135m --random-weights --steps 3
 
@@ -97,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     nan = float("nan")
     for h in steps:
         reward, ratio, kl = h.get("reward", nan), h.get("ratio", nan), h.get("kl", nan)
-        stale = h.get("sample/staleness_max", nan)
-        print(f"step {h['step']}: reward {reward:.3f}, ratio {ratio:.6f}, kl {kl:.2e}, staleness max {stale:.0f}")
+        stale, grad = h.get("sample/staleness_max", nan), h.get("grad_norm", nan)
+        print(f"step {h['step']}: reward {reward:.3f}, grad norm {grad:.3g}, ratio {ratio:.6f}, kl {kl:.2e}, "
+              f"staleness max {stale:.0f}")  # fmt: skip
     if sampler is not None:
         final, copy = trainer.model.state_dict(), sampler.state_dict()
         ok = ok and all(torch.equal(final[k].to(copy[k].device), copy[k]) for k in final)
