@@ -30,10 +30,12 @@ GAP_BOUND = {"torch.float32": 2e-5, "torch.bfloat16": 3e-2}
 float32 rounding, or bfloat16's (measured: up to 9e-3 on these tokens)."""
 
 
-def _run_worker(python: str, model_dir: str, tmp: Path, part: str) -> SimpleNamespace:
-    """Run tests/vllm_training_worker.py PART once in the vLLM venv; its JSON report (see that file)."""
+def _run_worker(
+    python: str, model_dir: str, tmp: Path, part: str, script: str = "vllm_training_worker.py"
+) -> SimpleNamespace:
+    """Run tests/SCRIPT PART once in the vLLM venv; its JSON report (see that file)."""
     report = tmp / f"{part}.json"
-    cmd = [python, str(REPO / "tests" / "vllm_training_worker.py"), model_dir, str(report), part]
+    cmd = [python, str(REPO / "tests" / script), model_dir, str(report), part]
     env = _vllm_env(tmp, PYTHONPATH=str(REPO), HF_ROLLOUTS_CACHE=os.environ["HF_ROLLOUTS_CACHE"])
     env.update(TRL_EXPERIMENTAL_SILENCE="1")
     started = time.monotonic()
@@ -59,6 +61,15 @@ def training_run(vllm_python, small, tmp_path_factory):  # noqa: F811
 @pytest.fixture(scope="module")
 def colocate_run(vllm_python, small, tmp_path_factory):  # noqa: F811
     run = _run_worker(vllm_python, small[0], tmp_path_factory.mktemp("vllm-colocate"), "colocate").colocate
+    if "skipped" in run:
+        pytest.skip(run["skipped"])
+    return run
+
+
+@pytest.fixture(scope="module")
+def async_run(vllm_python, small, tmp_path_factory):  # noqa: F811
+    tmp = tmp_path_factory.mktemp("vllm-async")
+    run = getattr(_run_worker(vllm_python, small[0], tmp, "async", "vllm_async_worker.py"), "async")
     if "skipped" in run:
         pytest.skip(run["skipped"])
     return run
@@ -140,3 +151,22 @@ def test_trl_colocate_mode_trains_with_our_envs_on_cpu(colocate_run):
     assert len(run["sync_seconds"]) == 3  # TRL synced before each rollout call, through ours
     gaps = [h["sampling/sampling_logp_difference/max"] for h in steps]
     assert max(gaps) < GAP_BOUND[run["engine_dtype"]]
+
+
+def test_trls_async_trainer_trains_on_our_envs_against_a_vllm_server_without_nccl(async_run):
+    """Issue 51, item 3 (tests/vllm_async_worker.py): TRL's own NCCL weight transfer stops on this CPU (the server's
+    worker has no accelerator); with ServerWeightReload the trainer runs its steps on rollouts of our env sampled by
+    the server, step 1 scores the server's own log-probs (ratio 1), and after training the server's log-probs are the
+    trained weights' (to float32 rounding), not the initial ones'."""
+    run = async_run
+    steps = [h for h in run["log_history"] if "loss" in h]
+    for h in steps:
+        print({k: round(h[k], 6) for k in ("step", "loss", "reward", "ratio", "kl", "sample/staleness_max") if k in h})
+    print(f"server up in {run['server_start_s']:.0f} s; trained in {run['train_s']:.1f} s; sends {run['sends']}")
+    print(f"worker {run['stats']}, versions {run['batch_versions']}; gap {run['gap']}; TRL: {run['trl_nccl_error']}")
+    assert run["trl_nccl_error"] and "Cannot access accelerator device" in run["trl_nccl_error"]
+    assert [h["step"] for h in steps] == [1, 2, 3] and run["attention"] == "reference"
+    assert run["stats"]["error_episodes"] == 0 and len(run["sends"]) == 4  # at train begin, then after each step
+    assert steps[0]["sample/staleness_max"] == 0 and abs(steps[0]["ratio"] - 1) < GAP_BOUND["torch.float32"]
+    assert run["gap"]["tokens"] > 8 and run["gap"]["trained"] < GAP_BOUND["torch.float32"]
+    assert run["gap"]["initial"] > 100 * max(run["gap"]["trained"], 1e-6)
