@@ -13,7 +13,9 @@
 # Steps: suite (pytest on CUDA, -n 8 when pytest-xdist imports), bench (scripts/benchmark.py, both shapes, bf16, the
 # static, dynamic and growing caches; BENCH_SHAPES, BENCH_CACHES choose), continuous (the continuous backend, 135M shape),
 # agree (scripts/logprob_agreement.py on CUDA, bf16 and fp32, SmolLM2-135M shape), colocate (TRL's colocate mode with
-# an hf_rollouts env: scripts/trl_colocate_check.py, when vllm and trl import). Everything each step prints goes
+# an hf_rollouts env: scripts/trl_colocate_check.py, when vllm and trl import), async (TRL's AsyncGRPOTrainer with an
+# hf_rollouts env on CUDA: scripts/trl_async_check.py, when trl imports; ASYNC_SERVER=URL samples with a running
+# vllm serve instead of a CUDA copy of the policy). Everything each step prints goes
 # to $OUT (the device tool's folder that comes back) or .gpu_check/out, one file per step; the summary quotes their
 # closing lines.
 # Without CUDA it says so and exits 2 (nothing to check on a CPU machine: use bash scripts/test.sh).
@@ -162,8 +164,21 @@ for step in "${STEPS[@]}"; do
             note "TRL colocate mode: skipped, vLLM and TRL do not both import here (install vllm for CUDA first)"
         fi
         ;;
+    async)
+        log="$OUT_DIR/async.txt"
+        if "$PY" -c "import trl.experimental.async_grpo" 2>/dev/null; then
+            server=()
+            [ -n "${ASYNC_SERVER:-}" ] && server=(--server "$ASYNC_SERVER")
+            timeout "${ASYNC_TIMEOUT:-420}" "$PY" scripts/trl_async_check.py \
+                --model "$DIR/models/smollm2-135m" --random-weights --steps 3 "${server[@]}" >"$log" 2>&1 || true
+            note "TRL's AsyncGRPOTrainer with an hf_rollouts env (on CUDA):"
+            while read -r line; do note "    $line"; done < <(grep -E '^(async|step)|Error|error' "$log" | head -n 12)
+        else
+            note "TRL async trainer: skipped, trl.experimental.async_grpo does not import here"
+        fi
+        ;;
     *)
-        echo "gpu_check: unknown step $step (steps: suite bench continuous agree colocate)" >&2
+        echo "gpu_check: unknown step $step (steps: suite bench continuous agree colocate async)" >&2
         exit 1
         ;;
     esac

@@ -69,6 +69,7 @@ LOWEST_TESTS=(
     tests/test_servers.py tests/test_viewer_edges.py
     tests/test_smollm2.py tests/test_stop_strings.py tests/test_tools.py tests/test_train_scripts.py
     tests/test_train_tools.py tests/test_training.py tests/test_training_loop.py tests/test_trl.py
+    tests/test_trl_async.py
 )
 if [ -n "$lowest_python" ]; then
     echo "== the version-sensitive tests again at the lowest supported versions: $("$lowest_python" -c 'import torch

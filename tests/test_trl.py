@@ -544,7 +544,7 @@ def test_options_are_checked_and_time_limits_reach_the_engine(direct):
     with pytest.raises(ValueError, match="episode_timeout"):
         make_rollout_func(episode_timeout=0)
     timed = make_rollout_func(max_new_tokens=MAX_NEW, allowed_env_modules=ALLOWED, step_timeout=5.0, episode_timeout=9)
-    assert timed._run_kw["step_timeout"] == 5.0 and timed._run_kw["episode_timeout"] == 9
+    assert timed.play_options["step_timeout"] == 5.0 and timed.play_options["episode_timeout"] == 9
     out = timed(_prompts(task_rows(1), repeat=1), direct.trainer)
     assert out["env_status"] == ["done"]
     rows = task_rows(1)

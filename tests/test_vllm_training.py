@@ -30,11 +30,13 @@ GAP_BOUND = {"torch.float32": 2e-5, "torch.bfloat16": 3e-2}
 float32 rounding, or bfloat16's (measured: up to 9e-3 on these tokens)."""
 
 
-def _run_worker(python: str, model_dir: str, tmp: Path, part: str, timeout: float = 900) -> SimpleNamespace:
-    """Run tests/vllm_training_worker.py PART once in the vLLM venv; its JSON report (see that file). ``timeout``:
-    seconds before it is stopped (a hung engine; an engine start on a loaded 2-core machine takes minutes)."""
+def _run_worker(
+    python: str, model_dir: str, tmp: Path, part: str, script: str = "vllm_training_worker.py", timeout: float = 900
+) -> SimpleNamespace:
+    """Run tests/SCRIPT PART once in the vLLM venv; its JSON report (see that file). ``timeout``: seconds before it is
+    stopped (a hung engine; an engine start on a loaded 2-core machine takes minutes)."""
     report = tmp / f"{part}.json"
-    cmd = [python, str(REPO / "tests" / "vllm_training_worker.py"), model_dir, str(report), part]
+    cmd = [python, str(REPO / "tests" / script), model_dir, str(report), part]
     env = _vllm_env(tmp, PYTHONPATH=str(REPO), HF_ROLLOUTS_CACHE=os.environ["HF_ROLLOUTS_CACHE"])
     env.update(TRL_EXPERIMENTAL_SILENCE="1")
     started = time.monotonic()
@@ -60,6 +62,15 @@ def training_run(vllm_python, small, tmp_path_factory):  # noqa: F811
 @pytest.fixture(scope="module")
 def colocate_run(vllm_python, small, tmp_path_factory):  # noqa: F811
     run = _run_worker(vllm_python, small[0], tmp_path_factory.mktemp("vllm-colocate"), "colocate").colocate
+    if "skipped" in run:
+        pytest.skip(run["skipped"])
+    return run
+
+
+@pytest.fixture(scope="module")
+def async_run(vllm_python, small, tmp_path_factory):  # noqa: F811
+    tmp = tmp_path_factory.mktemp("vllm-async")
+    run = getattr(_run_worker(vllm_python, small[0], tmp, "async", "vllm_async_worker.py"), "async")
     if "skipped" in run:
         pytest.skip(run["skipped"])
     return run
@@ -152,12 +163,12 @@ def overlap_tmp(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def overlap_run(vllm_python, small, overlap_tmp):  # noqa: F811
-    return _run_worker(vllm_python, small[0], overlap_tmp, "overlap", 2400).overlap
+    return _run_worker(vllm_python, small[0], overlap_tmp, "overlap", timeout=2400).overlap
 
 
 @pytest.fixture(scope="module")
 def served_run(vllm_python, small, overlap_tmp):  # noqa: F811
-    return _run_worker(vllm_python, small[0], overlap_tmp, "served", 2400).served
+    return _run_worker(vllm_python, small[0], overlap_tmp, "served", timeout=2400).served
 
 
 def _check_overlapped(run: dict) -> None:
@@ -211,3 +222,22 @@ def test_backend_vllm_server_reloads_its_weights_over_http_every_round(served_ru
 
 def test_overlapped_rounds_with_a_vllm_server(served_run):
     _check_overlapped(served_run["server"])
+
+
+def test_trls_async_trainer_trains_on_our_envs_against_a_vllm_server_without_nccl(async_run):
+    """Issue 51, item 3 (tests/vllm_async_worker.py): TRL's own NCCL weight transfer stops on this CPU (the server's
+    worker has no accelerator); with ServerWeightReload the trainer runs its steps on rollouts of our env sampled by
+    the server, step 1 scores the server's own log-probs (ratio 1), and after training the server's log-probs are the
+    trained weights' (to float32 rounding), not the initial ones'."""
+    run = async_run
+    steps = [h for h in run["log_history"] if "loss" in h]
+    for h in steps:
+        print({k: round(h[k], 6) for k in ("step", "loss", "reward", "ratio", "kl", "sample/staleness_max") if k in h})
+    print(f"server up in {run['server_start_s']:.0f} s; trained in {run['train_s']:.1f} s; sends {run['sends']}")
+    print(f"worker {run['stats']}, versions {run['batch_versions']}; gap {run['gap']}; TRL: {run['trl_nccl_error']}")
+    assert run["trl_nccl_error"] and "Cannot access accelerator device" in run["trl_nccl_error"]
+    assert [h["step"] for h in steps] == [1, 2, 3] and run["attention"] == "reference"
+    assert run["stats"]["error_episodes"] == 0 and len(run["sends"]) == 4  # at train begin, then after each step
+    assert steps[0]["sample/staleness_max"] == 0 and abs(steps[0]["ratio"] - 1) < GAP_BOUND["torch.float32"]
+    assert run["gap"]["tokens"] > 8 and run["gap"]["trained"] < GAP_BOUND["torch.float32"]
+    assert run["gap"]["initial"] > 100 * max(run["gap"]["trained"], 1e-6)

@@ -16,7 +16,8 @@ with TRL", has the full one)::
 
 Modules: :mod:`.dataset` (the ``prompt`` column), :mod:`.agents` (the samplers and the generation
 context), :mod:`.rollout` (the rollout function and the reward), :mod:`.trainer` (the one-call
-trainer). ``trl`` itself is imported only
+trainer), :mod:`.async_grpo` and :mod:`.async_weights` (TRL's asynchronous ``AsyncGRPOTrainer`` on our envs:
+:func:`build_async_grpo_trainer`; docs/guides/training.md says what it takes on a CPU). ``trl`` itself is imported only
 inside the functions that need it, so importing this package does not need trl.
 
 How it fits TRL (facts read from trl 1.16's ``grpo_trainer.py``):
@@ -82,6 +83,8 @@ with ``--logprobs-mode processed_logprobs`` so the returned log-probabilities us
 from __future__ import annotations
 
 from .agents import TrainerPolicyAgent, TRLSampling, VLLMColocateAgent, VLLMServerAgent, generation_mode, stop_token_ids
+from .async_grpo import EnvRolloutWorker, build_async_grpo_trainer
+from .async_weights import CopyWeights, PolicyLock, ServerWeightReload
 from .colocate import reload_weights_sync
 from .dataset import PROMPT_KEY, task_from_prompt, to_trl_dataset
 from .rollout import (
@@ -96,14 +99,19 @@ from .rollout import (
 from .trainer import build_grpo_trainer
 
 __all__ = [
+    "CopyWeights",
     "EXTRA_FIELDS",
+    "EnvRolloutWorker",
     "PROMPT_KEY",
+    "PolicyLock",
     "RolloutFunc",
+    "ServerWeightReload",
     "TRLRolloutOptions",
     "TRLSampling",
     "TrainerPolicyAgent",
     "VLLMColocateAgent",
     "VLLMServerAgent",
+    "build_async_grpo_trainer",
     "build_grpo_trainer",
     "env_reward",
     "episode_to_trl_row",

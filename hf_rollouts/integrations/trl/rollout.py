@@ -111,7 +111,8 @@ class RolloutFunc:
         played = []
         for i, prompt in enumerate(prompts):  # one episode per entry: TRL already repeated each prompt G times
             row, task = task_from_prompt(prompt, f"prompt {i}")
-            env = self._env(tokenizer, task, f"prompt {i} (task row {row})")
+            refuse_render_mode(task["env_config"], f"prompt {i} (task row {row})")
+            env = self.env_for(tokenizer, task, f"prompt {i} (task row {row})")
             played.append(
                 (env, row, EpisodeJob(env, task["task_data"], f"trl-call{self.calls}/prompt{i}/task0/rollout0", i))
             )
@@ -122,11 +123,11 @@ class RolloutFunc:
                 self.last_agent = VLLMColocateAgent(llm, tokenizer, sampling, stops)
             else:
                 self.last_agent = VLLMServerAgent(vllm_client(trainer), tokenizer, sampling, stops)
-            groups = play_groups(prompt_groups(played), self.last_agent, **self._run_kw)
+            groups = play_groups(prompt_groups(played), self.last_agent, **self.play_options)
         else:
             with generation_mode(trainer) as model:
                 self.last_agent = TrainerPolicyAgent(model, tokenizer, sampling)
-                groups = play_groups(prompt_groups(played), self.last_agent, **self._run_kw)
+                groups = play_groups(prompt_groups(played), self.last_agent, **self.play_options)
         episodes = [episode for group in groups for episode in group.episodes]
         self.last_episodes = [episode.to_dict() for episode in episodes]
         ok = [e for e in episodes if e.status != "error"]
@@ -140,7 +141,8 @@ class RolloutFunc:
         return {key: [r[key] for r in rows] for key in keys}
 
     @property
-    def _run_kw(self) -> dict[str, Any]:
+    def play_options(self) -> dict[str, Any]:
+        """The options of :func:`~hf_rollouts.rollout.play_groups` these options give (errors recorded)."""
         o = self.options
         return {
             "max_concurrency": o.max_concurrency,
@@ -150,9 +152,10 @@ class RolloutFunc:
             "env_workers": o.env_workers,
         }
 
-    def _env(self, tokenizer: PreTrainedTokenizerBase, task: dict[str, Any], where: str) -> MultistepEnv:
+    def env_for(self, tokenizer: PreTrainedTokenizerBase, task: dict[str, Any], where: str) -> MultistepEnv:
+        """The env of task row ``task`` (one per tokenizer, class and config, built once), after the trust rules
+        (``allowed_env_*``); a :class:`TaskValidationError` naming ``where`` for a row they refuse."""
         config = task["env_config"]
-        refuse_render_mode(config, where)
         key = (id(tokenizer), task["env_class_path"], json.dumps(config, sort_keys=True, default=str))
         if key not in self._envs:
             try:
