@@ -6,11 +6,14 @@ seed with ``--max-staleness 0`` (today's loop) and ``--max-staleness 1`` (round 
 
 * ``arithmetic``: the arithmetic env, compute-bound (generation and the update share the cores); the tiny model's
   ``small`` size, 2 PPO epochs;
+* ``arithmetic-vllm``: the same with ``--backend vllm`` (the in-process engine samples in its own processes, the
+  collector syncs it between rounds, the held-out evaluations wait for the round in flight); run it in the vLLM
+  venv (``bash scripts/setup_vllm.sh --check`` prints its python; ``PYTHONPATH=.``);
 * ``waiting``: guess the number (1-6, 4 turns) with an env step that waits 0.2 s on I/O
   (:class:`~hf_rollouts.envs.guess_number.WaitingGuessNumberEnv`), where the update can run in the wait; the tiny
   model, 4 PPO epochs.
 
-Both sample with the transformers agent (``--max-staleness`` with ``--backend vllm`` is not there yet), 8 tasks x 4
+``arithmetic`` and ``waiting`` (the default ``--tasks``) sample with the transformers agent. Every run: 8 tasks x 4
 rollouts a round, 6 rounds, and keep constant groups (``--keep-constant-groups``: the random tiny model solves too
 few rollouts for most groups to have a reward spread, so without it most rounds would take no update and there
 would be nothing to overlap; a zero-advantage group costs the update's compute and moves no weight).
@@ -22,6 +25,8 @@ before -> after with 95% Wilson intervals, and per round the sampler/trainer log
 timings are only comparable within one run: quote the ratios::
 
     python scripts/benchmark_overlap.py --seeds 0 1 --output-dir outputs/bench_overlap
+    PYTHONPATH=. $(bash scripts/setup_vllm.sh --check) scripts/benchmark_overlap.py --tasks arithmetic-vllm \
+        --output-dir outputs/bench_overlap_vllm
 """
 
 from __future__ import annotations
@@ -38,6 +43,14 @@ from hf_rollouts.recipes.train_config import TrainConfig
 
 TASKS = {
     "arithmetic": {"env": "arithmetic", "max_new_tokens": 6, "model_size": "small", "ppo_epochs": 2},
+    "arithmetic-vllm": {
+        "env": "arithmetic",
+        "max_new_tokens": 6,
+        "model_size": "small",
+        "ppo_epochs": 2,
+        "backend": "vllm",
+        "kv_cache_gib": 0.25,
+    },  # fmt: skip
     "waiting": {
         "env": "hf_rollouts.envs.guess_number.WaitingGuessNumberEnv",
         "max_new_tokens": 3,
@@ -77,17 +90,17 @@ def one_run(task: str, seed: int, staleness: int, args: argparse.Namespace) -> d
 
 
 def show(runs: list[dict]) -> None:
-    print(f"{'task':>10} {'seed':>4} {'stale':>5} | {'round s':>7} {'collect':>7} {'update':>7} {'sync':>6} | "
+    print(f"{'task':>15} {'seed':>4} {'stale':>5} | {'round s':>7} {'collect':>7} {'update':>7} {'sync':>6} | "
           f"{'held-out before':>22} -> {'after':>22}")  # fmt: skip
     for r in runs:
         mean = {p: statistics.mean(v) for p, v in r["phases_s"].items()}
-        print(f"{r['task']:>10} {r['seed']:>4} {r['max_staleness']:>5} | {statistics.mean(r['round_s']):>7.3f} "
+        print(f"{r['task']:>15} {r['seed']:>4} {r['max_staleness']:>5} | {statistics.mean(r['round_s']):>7.3f} "
               f"{mean['collect']:>7.3f} {mean['update']:>7.3f} {mean['sync']:>6.3f} | "
               f"{interval(r['heldout_before']):>22} -> {interval(r['heldout_after']):>22}")  # fmt: skip
     print("\nper round: log-prob gap max | importance weight mean | rollouts dropped")
     for r in runs:
         fmt = lambda xs: " ".join("-" if x is None or x != x else f"{x:.3g}" for x in xs)  # noqa: E731
-        print(f"{r['task']:>10} s{r['seed']} m{r['max_staleness']}: gap {fmt(r['logprob_gap_max'])} | "
+        print(f"{r['task']:>15} s{r['seed']} m{r['max_staleness']}: gap {fmt(r['logprob_gap_max'])} | "
               f"weight {fmt(r['importance_mean'])} | dropped {r['dropped']}")  # fmt: skip
     print("\nround wall, overlapped / synchronous (same task and seed):")
     for task in TASKS:
@@ -97,14 +110,14 @@ def show(runs: list[dict]) -> None:
                 ratio = statistics.mean(pair[1]["round_s"]) / statistics.mean(pair[0]["round_s"])
                 later = statistics.mean(pair[1]["round_s"][1:]) / statistics.mean(pair[0]["round_s"][1:])
                 whole = pair[1]["wall_s"] / pair[0]["wall_s"]
-                print(f"  {task:>10} seed {seed}: round {ratio:.2f} (rounds 1.. {later:.2f}), whole run "
+                print(f"  {task:>15} seed {seed}: round {ratio:.2f} (rounds 1.. {later:.2f}), whole run "
                       f"(evaluations included) {whole:.2f}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--tasks", nargs="+", default=["arithmetic", "waiting"], choices=list(TASKS))
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--tasks-per-iter", type=int, default=8)

@@ -67,8 +67,11 @@ def test_staleness_math():
 def test_options_are_checked_before_any_work():
     with pytest.raises(TrainConfigError, match="--importance-sampling-cap"):
         check_config(TrainConfig(max_staleness=1))
-    with pytest.raises(TrainConfigError, match="--backend transformers"):
-        check_config(TrainConfig(max_staleness=1, importance_sampling_cap=2.0, checkpoint_every=1))
+    for ok in ({"checkpoint_every": 1}, {"backend": "vllm"}, {"checkpoint_every": 1, "resume": True,
+                                                                "output_dir": "out"}):  # fmt: skip
+        check_config(TrainConfig(max_staleness=1, importance_sampling_cap=2.0, **ok))  # overlap runs with these
+    with pytest.raises(TrainConfigError, match="--lora-rank with --backend vllm-server"):
+        check_config(TrainConfig(backend="vllm-server", lora_rank=4))
     with pytest.raises(TrainConfigError, match=">= 0"):
         check_config(TrainConfig(max_staleness=-1))
 
@@ -181,3 +184,55 @@ def test_the_waiting_env_waits_in_an_async_step_and_plays_guess_the_number():
     assert got[1:] == want[1:] and got[0].last_message == want[0].last_message == "Higher."
     with pytest.raises(Exception, match="step_wait_s"):
         WaitingGuessNumberEnv(tokenizer, {"step_wait_s": -1})
+
+
+def test_an_overlapped_run_killed_after_a_checkpoint_resumes_to_the_straight_runs_metrics_and_weights(tmp_path):
+    """Issue 51, items 1 and 6 together: an overlapped run (``--max-staleness 1``) SIGKILLed as soon as round 1's
+    checkpoint is complete (round 2 is then being collected, or trained), resumed, ends with the straight overlapped
+    run's metrics and weights bit for bit. Round 1's checkpoint holds the collector's version 1 (what round 2 is
+    sampled by) beside the trainer's version 2; the resumed collector samples round 2 again with it. Both runs in
+    subprocesses (see the test above, and tests/test_train_command.py)."""
+    import json
+    import signal
+    import time
+
+    import torch
+    from safetensors.torch import load_file
+    from test_train_command import ROOT, final_weights, same_json, untimed, write_yaml
+
+    values = {**RUN, "iterations": 4, "eval_every": 2, "checkpoint_every": 1, "keep_checkpoints": 4,
+              "max_staleness": 1}  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "hf_rollouts.cli", "train"]
+    out = tmp_path / "straight"
+    subprocess.run([*command, str(write_yaml(tmp_path / "straight.yaml", {**values, "output_dir": str(out)}))],
+                   cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    rows = json.loads((out / "metrics.json").read_text())
+    assert [(r["staleness"]["policy_version"], r["iteration"]) for r in rows] == [(0, 0), (0, 1), (1, 2), (2, 3)]
+    assert all(r["trained_rollouts"] for r in rows[:2])
+    saved = out / "checkpoints" / "round-0001"
+    assert json.loads((saved / "state.json").read_text())["sampler_versions"] == [1]
+    version1 = load_file(str(saved / "sampler" / "version-000001.safetensors"))  # what trained round 1 = version 1
+    before = load_file(str(out / "checkpoints" / "round-0000" / "model.safetensors"))
+    assert all(torch.equal(version1[k], before[k]) for k in before)
+    run = tmp_path / "run"
+    cfg = write_yaml(tmp_path / "run.yaml", {**values, "output_dir": str(run)})
+    proc = subprocess.Popen([*command, str(cfg)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 240
+    try:
+        while not (run / "checkpoints" / "round-0001" / "manifest.json").is_file():
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "no checkpoint of round 1 within 240 s"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    resumed = subprocess.run([*command, str(cfg), "--resume", "--quiet", "false"], cwd=ROOT, env=env,
+                             capture_output=True, text=True)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from " in resumed.stdout and "is torn" not in resumed.stderr
+    assert same_json(untimed(json.loads((run / "metrics.json").read_text())), untimed(rows))
+    a, b = final_weights(out), final_weights(run)
+    assert all(torch.equal(a[k], b[k]) for k in a)

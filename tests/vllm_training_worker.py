@@ -12,6 +12,12 @@ Run as ``<vllm venv python> tests/vllm_training_worker.py MODEL_DIR OUT.json PAR
 * ``guide``: docs/guides/training.md's vLLM loop, run as the page has it.
 * ``script``: ``scripts/train_grpo.py --backend vllm --logprob-gap`` for three rounds (its metrics rows), and
   ``resumed``: the same run stopped after round 0's checkpoint and resumed (the engine built on the restored weights).
+* ``overlap`` (a process of its own): ``--max-staleness 1`` with the in-process engine for three rounds (held-out
+  evaluations after each, checkpoints kept): the metrics rows, the recorded timeline, and each round's stored
+  log-probs against the version it records recomputed from the checkpoints; the same run stopped after round 0 and
+  resumed.
+* ``served`` (a process of its own): ``--backend vllm-server`` (a vLLM server of the run's own, this Python's
+  vLLM), synchronous with ``--logprob-gap``, and overlapped as ``overlap``.
 * ``colocate``: TRL's ``GRPOTrainer`` in colocate mode through ``build_grpo_trainer`` for three steps: first TRL's
   own weight sync (which fails on vLLM's CPU backend: the error is recorded), then training with
   ``reload_weights_sync``; TRL's logged sampler/trainer gaps and importance ratios, and each sync's seconds.
@@ -117,19 +123,94 @@ def run_guide() -> dict:
     return {"stdout": stdout.getvalue(), "seconds": time.perf_counter() - started}
 
 
-def run_script(out_dir: str, extra: tuple[str, ...] = ()) -> list[dict]:
+def train_grpo_script():
     import importlib.util
 
+    if "train_grpo" in sys.modules:
+        return sys.modules["train_grpo"]
     path = Path(__file__).resolve().parents[1] / "scripts" / "train_grpo.py"
     spec = importlib.util.spec_from_file_location("train_grpo", path)
     script = importlib.util.module_from_spec(spec)
     sys.modules["train_grpo"] = script  # its dataclasses look their module up
     spec.loader.exec_module(script)
-    argv = ["--backend", "vllm", "--model-size", "small", "--iterations", "3", "--tasks-per-iter", "8"]
+    return script
+
+
+def script_args(out_dir: str, extra: tuple[str, ...] = (), backend: str = "vllm") -> list[str]:
+    argv = ["--backend", backend, "--model-size", "small", "--iterations", "3", "--tasks-per-iter", "8"]
     argv += ["--num-rollouts", "4", "--max-turns", "2", "--low", "1", "--high", "3", "--max-new-tokens", "4"]
-    argv += ["--logprob-gap", "--kv-cache-gib", "0.25", "--plot", "none", "--quiet", "--output-dir", out_dir, *extra]
-    script.train(script.parse_args(argv))
+    return argv + ["--kv-cache-gib", "0.25", "--plot", "none", "--quiet", "--output-dir", out_dir, *extra]
+
+
+def run_script(out_dir: str, extra: tuple[str, ...] = ()) -> list[dict]:
+    script = train_grpo_script()
+    script.train(script.parse_args(script_args(out_dir, ("--logprob-gap", *extra))))
     return json.loads((Path(out_dir) / "metrics.json").read_text())
+
+
+OVERLAP = ("--max-staleness", "1", "--importance-sampling-cap", "2.0", "--eval-every", "1", "--eval-tasks", "4",
+           "--checkpoint-every", "1", "--keep-checkpoints", "3", "--keep-rollouts")  # fmt: skip
+
+
+def run_overlapped(model_dir: str, out_dir: str, extra: tuple[str, ...] = (), backend: str = "vllm") -> dict:
+    """An overlapped run as ``train`` runs it, keeping the timeline; with each round's log-prob gap against the
+    version it records, recomputed from the checkpoints (``round-R/model.safetensors`` is version R + 1,
+    ``round-R/sampler/version-V.safetensors`` version V)."""
+    import contextlib
+    import dataclasses
+
+    import torch
+    from datasets import load_from_disk
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from hf_rollouts import training
+    from hf_rollouts.recipes.overlap import play_overlapped
+    from hf_rollouts.recipes.train import ROUND_STEPS, finish, setup
+
+    script = train_grpo_script()
+    cfg = script.parse_args(script_args(out_dir, (*OVERLAP, *extra), backend))
+    with training.flush_denormals(True), contextlib.ExitStack() as cleanup:
+        parts = setup(cfg, cleanup)
+        timeline = play_overlapped(parts, ROUND_STEPS)
+        if cfg.stop_after_round is None:
+            finish(parts, None)
+    out = Path(out_dir)
+    versions, gaps = {}, {}
+    for ckpt in sorted((out / "checkpoints").glob("round-*")):
+        versions[int(ckpt.name[6:]) + 1] = ckpt / "model.safetensors"
+        for f in (ckpt / "sampler").glob("version-*.safetensors"):
+            versions[int(f.stem[8:])] = f
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for folder in sorted((out / "rollouts").glob("iter*")):
+        rollouts = load_from_disk(str(folder))
+        (version,) = {v for row in rollouts["policy_versions"] for v in row}
+        if version not in versions:
+            continue
+        model.load_state_dict(load_file(str(versions[version])), strict=False)  # tied lm_head: saved once
+        rows = training.prepare_rollouts(rollouts, flatten=True, progress=False).dataset
+        g = training.logprob_gap(model, rows, parts.tokenizer.pad_token_id)
+        gaps[folder.name] = {"version": version, "tokens": g.tokens, "max_abs": g.max_abs}
+    return {"rows": [dataclasses.asdict(s) for s in parts.history], "gaps": gaps,
+            "timeline": {k: {str(i): v for i, v in getattr(timeline, k).items()}
+                         for k in ("collect", "update", "evaluate")}}  # fmt: skip
+
+
+def overlap_runs(model_dir: str, tmp: Path) -> dict:
+    out = {"vllm": run_overlapped(model_dir, str(tmp / "overlap"))}
+    stopped = str(tmp / "overlap_resumed")
+    run_overlapped(model_dir, stopped, ("--stop-after-round", "0"))
+    out["vllm_resumed"] = run_overlapped(model_dir, stopped, ("--resume",))
+    return out
+
+
+def served_runs(model_dir: str, tmp: Path) -> dict:
+    out, server = {}, ("--server-python", sys.executable)
+    script = train_grpo_script()
+    script.train(script.parse_args(script_args(str(tmp / "served"), ("--logprob-gap", *server), "vllm-server")))
+    out["server_sync"] = json.loads((tmp / "served" / "metrics.json").read_text())
+    out["server"] = run_overlapped(model_dir, str(tmp / "served_overlap"), server, "vllm-server")
+    return out
 
 
 def trl_colocate(model_dir: str) -> dict:
@@ -168,7 +249,11 @@ def trl_colocate(model_dir: str) -> dict:
 
 
 def main(model_dir: str, out_path: str, part: str) -> None:
-    if part == "colocate":
+    if part == "overlap":
+        result = {"overlap": overlap_runs(model_dir, Path(out_path).parent)}
+    elif part == "served":
+        result = {"served": served_runs(model_dir, Path(out_path).parent)}
+    elif part == "colocate":
         try:
             import trl  # noqa: F401
         except ImportError as exc:

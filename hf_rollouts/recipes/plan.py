@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .train_config import TrainConfig, resume_mismatches
+from .train_config import ENGINES, TrainConfig, resume_mismatches
 
 GiB, MiB = float(1 << 30), float(1 << 20)
 NAMED_MODELS = ("tiny", "tiny-small", "smollm2", "smollm2-tools")
@@ -124,7 +124,7 @@ def memory_plan(model: Any, cfg: TrainConfig) -> MemoryPlan:
     heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     per_token = 2 * c.num_hidden_layers * heads * head_dim * size
-    if cfg.backend == "vllm":
+    if cfg.backend in ENGINES:  # vllm-server: the same memory, in the server's processes
         kv, note, engine = int(cfg.kv_cache_gib * GiB), f"vLLM's --kv-cache-gib {cfg.kv_cache_gib}", params * size
     else:
         sequences, tokens = cfg.tasks_per_iter * cfg.num_rollouts, cfg.max_turns * (PROMPT_TOKENS + cfg.max_new_tokens)

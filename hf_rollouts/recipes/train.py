@@ -9,7 +9,10 @@ rewritten after each), ``summary.json`` and the learning curve go to ``output_di
 Around the loop (options: :class:`~.train_config.TrainConfig`):
 
 * ``--backend vllm``: an in-process :class:`~hf_rollouts.agents.vllm.VLLMAgent` samples; after each update
-  ``agent.sync_weights(model)`` loads the trained weights into it (:func:`vllm_agent`).
+  ``agent.sync_weights(model)`` loads the trained weights into it (:func:`vllm_agent`). ``--backend
+  vllm-server``: a vLLM server of the run's own samples over HTTP, its weights reloaded the same way
+  (:mod:`.served`).
+* ``--max-staleness N``: overlapped rounds (:mod:`.overlap`), with any backend, checkpoints and resume.
 * ``--lora-rank R``: peft's LoRA on every linear layer; only the adapter trains (and is checkpointed), and the
   sampling agent, which holds the same model object, samples with it.
 * ``--checkpoint-every N`` / ``--resume``: :mod:`.checkpoint`; a resumed run loads the newest complete checkpoint
@@ -42,7 +45,7 @@ from .overlap import RoundSteps, play_overlapped
 from .report import save_learning_curve, write_summary
 from .splits import task_splits
 from .tracking import open_tracker, rollout_table, round_metrics
-from .train_config import TrainConfig, TrainConfigError, check_config, resume_mismatches
+from .train_config import ENGINES, TrainConfig, TrainConfigError, check_config, resume_mismatches
 
 
 @dataclass
@@ -67,6 +70,10 @@ class RunParts:
     tracker: Any = None
     started: tuple[float, float] = (0.0, 0.0)
     """``(perf_counter, process_time)`` when this process started the run (a resumed run: when it resumed)."""
+    resumed_from: Path | None = None
+    """The checkpoint folder a resumed run loaded."""
+    overlap: Any = None
+    """The :class:`~.overlap.Overlap` of overlapped rounds while they run (``--max-staleness N``)."""
 
 
 def train(cfg: TrainConfig, command: str | None = None) -> list[runs.IterationStats]:
@@ -79,7 +86,9 @@ def train(cfg: TrainConfig, command: str | None = None) -> list[runs.IterationSt
         parts.started = started
         if cfg.max_staleness:
             play_overlapped(parts, ROUND_STEPS)
-            finish(parts, command)
+            last = parts.history[-1].iteration if parts.history else -1
+            if cfg.stop_after_round is None or last < cfg.stop_after_round:
+                finish(parts, command)
             return parts.history
         for it in range(parts.start, cfg.iterations):
             play_round(parts, it)
@@ -145,10 +154,15 @@ def setup(cfg: TrainConfig, cleanup: contextlib.ExitStack) -> RunParts:
             raise TrainConfigError(f"--resume: {found.path} is of another run ({'; '.join(wrong)}): resume with "
                                    "its options or use another --output-dir.")  # fmt: skip
         ckpt.load_weights(found, trained, raw_optimizer, adapter=bool(cfg.lora_rank))
-    if cfg.backend == "vllm":
+    if cfg.backend in ENGINES:
         if accelerator.num_processes > 1:
-            raise TrainConfigError("--backend vllm runs in one process (the engine and the trainer share it).")
-        agent = vllm_agent(model, tokenizer, cfg)  # after a resume's load: the engine starts on those weights
+            raise TrainConfigError(f"--backend {cfg.backend} runs in one process (one sampler for the trainer).")
+        if cfg.backend == "vllm":
+            agent = vllm_agent(model, tokenizer, cfg)  # after a resume's load: the engine starts on those weights
+        else:
+            from .served import serve_policy
+
+            agent = serve_policy(model, tokenizer, cfg, out)  # the server, too
         cleanup.callback(agent.close)  # the engine's processes end with the run, also when it fails
     policy, optimizer = accelerator.prepare(trained, raw_optimizer)
     all_tasks, eval_tasks = task_splits(
@@ -161,7 +175,7 @@ def setup(cfg: TrainConfig, cleanup: contextlib.ExitStack) -> RunParts:
     main = accelerator.is_main_process
     if found is not None:
         state = found.state
-        parts.start, parts.base = state["round"] + 1, state["heldout_before"]
+        parts.start, parts.base, parts.resumed_from = state["round"] + 1, state["heldout_before"], found.path
         parts.history = [runs.IterationStats(**row) for row in state["history"]]
         if main and not cfg.quiet:
             print(f"resumed from {found.path}: rounds {parts.start}..{cfg.iterations - 1} to go", flush=True)
@@ -228,12 +242,12 @@ def train_round(
                              pad_token_id=tokenizer.pad_token_id, config=parts.update, seed=seed,  # wasted round
                              accelerator=parts.accelerator)  # fmt: skip
     phases["update"] += time.perf_counter() - began
-    if cfg.backend == "vllm":
+    if cfg.backend in ENGINES and parts.overlap is None:
         began = time.perf_counter()
         parts.agent.sync_weights(model)  # the next round samples the updated policy
         phases["sync"] = time.perf_counter() - began
-    after = weights_probe(model)
-    changed = after != probe and parts.agent.fingerprint().get("weights_probe") == after  # the sampler has them
+    after = weights_probe(model)  # the sampler has them (overlapped: the collector loads them for a later round)
+    changed = after != probe and (parts.overlap is not None or parts.agent.fingerprint().get("weights_probe") == after)
     if m.steps and not changed:
         print(f"warning: iteration {it}: the weights probe did not move with the update.", file=sys.stderr)
     report = prepared.report
@@ -255,8 +269,10 @@ def train_round(
     evaluate = it == cfg.iterations - 1 or (cfg.eval_every and (it + 1) % cfg.eval_every == 0)
     if evaluate and parts.eval_tasks is not None:
         began = time.perf_counter()
-        stats.heldout = runs.heldout(parts.eval_tasks, parts.agent, cfg, f"eval_{it:04d}", show=main)
-        phases["eval"] = time.perf_counter() - began  # a phase only where held-out rows were played
+        with parts.overlap.evaluation(model, it + 1) if parts.overlap else contextlib.nullcontext():
+            stats.heldout = runs.heldout(parts.eval_tasks, parts.agent, cfg, f"eval_{it:04d}", show=main)
+        phases["eval"] = time.perf_counter() - began  # a phase only where held-out rows were played (overlapped, on
+        # one engine: with the wait for the round in flight and the engine's sync)
     if parts.tracker is not None:
         parts.tracker.log_round(it + 1, round_metrics(stats), rollout_table(rollouts, cfg.log_rollouts))
     if main:
@@ -274,11 +290,16 @@ def save_round(parts: RunParts, it: int) -> Path | None:
         state = {"config": dataclasses.asdict(cfg), "history": [dataclasses.asdict(s) for s in parts.history],
                  "heldout_before": parts.base, "data_position": (it + 1) * cfg.tasks_per_iter % len(parts.all_tasks),
                  "adapter": bool(cfg.lora_rank), "scheduler": None}  # fmt: skip
-        model = parts.accelerator.unwrap_model(parts.policy)
-        path = ckpt.save_checkpoint(
-            parts.out / "checkpoints", it, lambda folder: ckpt.save_weights(folder, model, parts.raw_optimizer,
-                                                                              adapter=bool(cfg.lora_rank)),
-            state, keep=cfg.keep_checkpoints)  # fmt: skip
+        model, overlap = parts.accelerator.unwrap_model(parts.policy), parts.overlap
+        if overlap is not None:  # the versions the next rounds are sampled by (recipes/overlap.py)
+            state["sampler_versions"] = overlap.checkpoint_versions(it)
+
+        def write(folder: Path) -> None:
+            ckpt.save_weights(folder, model, parts.raw_optimizer, adapter=bool(cfg.lora_rank))
+            if overlap is not None:
+                overlap.save_sampler(folder, it)
+
+        path = ckpt.save_checkpoint(parts.out / "checkpoints", it, write, state, keep=cfg.keep_checkpoints)
     parts.accelerator.wait_for_everyone()
     return path
 

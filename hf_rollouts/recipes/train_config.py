@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from ..training.advantages import ADVANTAGE_MODES
 from . import runs
 
-BACKENDS = ("transformers", "vllm")
+BACKENDS = ("transformers", "vllm", "vllm-server")
+ENGINES = ("vllm", "vllm-server")
+"""The backends whose sampler holds weights of its own, synced after each update."""
 REPORT_TO = ("none", "trackio")
 LR_HELP = "AdamW learning rate (1e-2 suits the tiny model; 3e-5 for SmolLM2)."
 Run = runs.with_defaults(runs.RunOptions, helps={"lr": LR_HELP}, output_dir="outputs/train_grpo")
@@ -37,10 +39,16 @@ class TrainConfig(Run, runs.TaskFileOptions, runs.RoundOptions):
     keep_denormals: bool = runs.flag(
         False, "Do not flush float32 denormals (the tiny model is 10-20x slower with them)."
     )
-    backend: str = runs.flag("transformers", f"Who samples the rounds: one of {BACKENDS} (vllm: the vLLM venv).")
+    backend: str = runs.flag(
+        "transformers", f"Who samples the rounds: one of {BACKENDS} (vllm: in this process, the vLLM venv; "
+        "vllm-server: a vLLM server started with --server-python, recipes/served.py).")  # fmt: skip
+    server_python: str | None = runs.flag(
+        None, "--backend vllm-server: the Python whose vLLM serves the policy (default: this one; bash "
+        "scripts/setup_vllm.sh --check prints the vLLM venv's).")  # fmt: skip
     kv_cache_gib: float = runs.flag(
         1.0,
-        "--backend vllm: the engine's KV cache in GiB (kv_cache_memory_bytes; VLLM_CPU_KVCACHE_SPACE wins when set).",
+        "--backend vllm / vllm-server: the engine's KV cache in GiB (kv_cache_memory_bytes; VLLM_CPU_KVCACHE_SPACE "
+        "wins when set).",
     )
     logprob_gap: bool = runs.flag(False, "Measure each round's sampler/trainer log-prob gap (one more forward pass).")
     importance_sampling_cap: float | None = runs.flag(
@@ -88,6 +96,9 @@ def check_config(cfg: TrainConfig) -> None:
         raise TrainConfigError(
             "--lora-rank with --backend vllm is not supported yet (the engine would need the adapter, not the "
             "weights): use --backend transformers, or full weights with vllm.")  # fmt: skip
+    if cfg.lora_rank and cfg.backend == "vllm-server":
+        raise TrainConfigError("--lora-rank with --backend vllm-server is not supported (the server would need the "
+                               "adapter, not the weights): use --backend transformers.")  # fmt: skip
     if cfg.stop_after_round is not None and (
         not cfg.checkpoint_every or (cfg.stop_after_round + 1) % cfg.checkpoint_every
     ):
@@ -99,9 +110,6 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.max_staleness and cfg.importance_sampling_cap is None:
         raise TrainConfigError("--max-staleness N trains on rollouts of an older policy: set --importance-sampling-cap "
                                "(e.g. 2.0) so the update weighs them against the trainer.")  # fmt: skip
-    if cfg.max_staleness and (cfg.backend != "transformers" or cfg.resume or cfg.checkpoint_every):
-        raise TrainConfigError("--max-staleness N runs with --backend transformers, without --checkpoint-every or "
-                               "--resume, for now (recipes/overlap.py): use --max-staleness 0 for those.")  # fmt: skip
     if cfg.resume and not cfg.output_dir:
         raise TrainConfigError("--resume needs --output-dir (the checkpoints are under OUTPUT_DIR/checkpoints).")
 
@@ -114,5 +122,5 @@ def resume_mismatches(saved: dict, cfg: TrainConfig) -> list[str]:
             if k not in RESUME_MAY_CHANGE and saved.get(k) != v]  # fmt: skip
 
 
-__all__ = ["BACKENDS", "REPORT_TO", "RESUME_MAY_CHANGE", "TrainConfig", "TrainConfigError", "check_config",
+__all__ = ["BACKENDS", "ENGINES", "REPORT_TO", "RESUME_MAY_CHANGE", "TrainConfig", "TrainConfigError", "check_config",
            "resume_mismatches"]  # fmt: skip
