@@ -36,7 +36,10 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's CPU backend 
 VARIANT_PARTS: dict[str, tuple[dict, dict]] = {
     # part of a --variants name -> (VLLMSettings fields, environment of the engine's processes)
     "agent": ({}, {}),  # VLLMAgent's defaults
-    "before": ({"enforce_eager": False, "cpu_preload": False, "warmup": False}, {}),  # the defaults before issue 51
+    "before": (  # VLLMAgent's defaults before issue 51 (vLLM's auto thread binding, no preloads, no warm-up)
+        {"enforce_eager": False, "cpu_preload": False, "cpu_threads_bind": "auto", "warmup": False},
+        {},
+    ),
     "eager": ({"enforce_eager": True}, {}),
     "compile": ({"enforce_eager": False}, {}),
     "preload": ({"cpu_preload": True}, {}),  # tcmalloc and Intel OpenMP, as the agent finds them
@@ -44,8 +47,8 @@ VARIANT_PARTS: dict[str, tuple[dict, dict]] = {
     "tcmalloc": ({"cpu_preload": False}, {"LD_PRELOAD": "tcmalloc"}),  # tcmalloc alone
     "warmup": ({"warmup": True}, {}),
     "nowarmup": ({"warmup": False}, {}),
-    "nobind": ({}, {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}),  # no pinning; the worker's threads: OMP_NUM_THREADS
-    "bind01": ({}, {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}),  # both cores
+    "nobind": ({"cpu_threads_bind": "nobind"}, {}),  # unpinned; the worker's threads: OMP_NUM_THREADS
+    "autobind": ({"cpu_threads_bind": "auto"}, {}),  # vLLM's: pinned, one core kept for the scheduler
 }
 """The parts a ``--variants`` entry is made of, joined with ``+`` (``eager+preload+warmup``); later parts win. A
 part ``seqsN`` sets ``max_num_seqs=N``, ``kvN`` a KV cache of N GiB (``kv_cache_memory_bytes``)."""
@@ -195,6 +198,7 @@ def main() -> int:
                 seconds, ds = timed(play, vllm_agent)
                 best = min(best, (seconds, ds), key=lambda b: b[0])
             rows.append((f"vllm {label}", best[0], agent_tokens(best[1]), f"best of {args.repeats}", load()))
+            print(f"measured: {rows[-2]}\nmeasured: {rows[-1]}", flush=True)  # the table comes at the end
             engines.append((label, dict(vllm_agent.stats), vllm_agent.engine_config, env))
 
     print(f"\nmodel {name}, {args.dtype}; {args.tasks} tasks x {args.rollouts} rollouts, <= {args.max_turns} turns, ")

@@ -64,6 +64,8 @@ def main(model_dir: str, out_path: str, cli_out: str) -> None:
         with open(f"/proc/{child.pid}/maps") as f:
             paths = {line.split()[-1] for line in f if "/" in line}
         result["engine_libraries"][child.name()] = sorted(p for p in paths if "tcmalloc" in p or "omp" in p)
+        result.setdefault("engine_affinity", {})[child.name()] = sorted(os.sched_getaffinity(child.pid))
+    result["affinity"] = sorted(os.sched_getaffinity(0))
 
     tok = agent.tokenizer
     eos = tok.eos_token_id

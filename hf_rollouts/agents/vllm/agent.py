@@ -67,6 +67,7 @@ from .engine import (
     load_tokenizer,
     model_files_identity,
     shutdown_engine,
+    threads_bind,
     vllm_installed,
     warm_up_engine,
 )
@@ -177,7 +178,8 @@ class VLLMAgent(Agent):
         handler runs there. The build blocks the loop while the model loads (the agent is built before any run)."""
         self._vllm = ENGINE_LOOP.call(imported_vllm())
         s = self.settings
-        engine = ENGINE_LOOP.call(build_engine(self._vllm, s.engine_args(), preload=s.cpu_preload))
+        bind = threads_bind(s.cpu_threads_bind)
+        engine = ENGINE_LOOP.call(build_engine(self._vllm, s.engine_args(), preload=s.cpu_preload, bind=bind))
         self.vllm_version = self._vllm.version
         self._engine = engine
         config = engine.vllm_config

@@ -179,27 +179,49 @@ def _torch_library_dirs() -> set[str]:
     return {os.path.join(package, "lib"), os.path.join(os.path.dirname(package), "torch.libs")}
 
 
+SMALL_MACHINE_CPUS = 4
+"""At most this many usable CPUs, :func:`threads_bind` leaves the engine's worker unpinned (``nobind``)."""
+
+
+def threads_bind(setting: str | None) -> str | None:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for the engine's worker: ``setting`` when given; else ``"nobind"`` where this
+    process may use at most :data:`SMALL_MACHINE_CPUS` CPUs, and ``None`` (vLLM's ``auto``) on larger machines.
+
+    vLLM's ``auto`` binding pins the worker's OpenMP threads one per core and keeps a core for the engine core's
+    scheduler: on a 2-core machine the model runs on one pinned core, and every other vLLM engine on the machine is
+    pinned to that same core (see docs/speed.md, "vLLM on a small CPU")."""
+    if setting is not None:
+        return setting
+    return "nobind" if len(os.sched_getaffinity(0)) <= SMALL_MACHINE_CPUS else None
+
+
 @contextlib.contextmanager
-def engine_process_env(preload: bool) -> Iterator[None]:
-    """Within the block, ``LD_PRELOAD`` (and only it) is set for the processes the engine starts (its core and
-    worker, started with ``spawn``: they inherit this process's environment) to :func:`preload_value` of the
-    libraries :func:`cpu_preload_libraries` finds; on leaving, ``LD_PRELOAD`` is restored, so no later subprocess
-    of this process inherits it (vLLM's CPU platform otherwise leaves torch's ``libgomp`` there for good)."""
-    before = os.environ.get("LD_PRELOAD")
+def engine_process_env(preload: bool, bind: str | None = None) -> Iterator[None]:
+    """Within the block, the environment the processes the engine starts (its core and worker, started with
+    ``spawn``: they inherit this process's environment) read at start: ``LD_PRELOAD`` gets the libraries
+    :func:`cpu_preload_libraries` finds (:func:`preload_value`) when ``preload``, and ``VLLM_CPU_OMP_THREADS_BIND``
+    is ``bind`` unless the environment sets it. On leaving, both are restored, so no later subprocess of this
+    process inherits them (vLLM's CPU platform otherwise leaves torch's ``libgomp`` in ``LD_PRELOAD`` for good)."""
+    saved = {key: os.environ.get(key) for key in ("LD_PRELOAD", "VLLM_CPU_OMP_THREADS_BIND")}
     try:
         if preload:
-            value = preload_value(before or "", cpu_preload_libraries())
+            value = preload_value(saved["LD_PRELOAD"] or "", cpu_preload_libraries())
             if value:
                 os.environ["LD_PRELOAD"] = value
+        if bind is not None and saved["VLLM_CPU_OMP_THREADS_BIND"] is None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
         yield
     finally:
-        if before is None:
-            os.environ.pop("LD_PRELOAD", None)
-        else:
-            os.environ["LD_PRELOAD"] = before
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
-async def build_engine(vllm: SimpleNamespace, engine_args: dict[str, Any], *, preload: bool = False) -> Any:
+async def build_engine(
+    vllm: SimpleNamespace, engine_args: dict[str, Any], *, preload: bool = False, bind: str | None = None
+) -> Any:
     """The engine, built on the engine loop (so its output handler starts there).
 
     On vLLM's CPU backend, chunked prefill is switched off unless ``engine_args`` say otherwise: vLLM 0.32 rewinds a
@@ -210,7 +232,7 @@ async def build_engine(vllm: SimpleNamespace, engine_args: dict[str, Any], *, pr
     ``max_model_len`` where it is smaller. And the KV-cache block size is :data:`CPU_BLOCK_SIZE` unless
     ``engine_args`` give one (or the model needs its own, e.g. MLA), so prefix caching has blocks to reuse.
     """
-    with engine_process_env(preload and vllm.on_cpu):
+    with engine_process_env(preload and vllm.on_cpu, bind if vllm.on_cpu else None):
         return _build(vllm, engine_args)
 
 
@@ -282,6 +304,7 @@ def shutdown_engine(engine: Any) -> None:
 __all__ = [
     "CPU_BLOCK_SIZE",
     "CPU_DEFAULT_BLOCK_SIZE",
+    "SMALL_MACHINE_CPUS",
     "WARMUP_PROMPT_TOKENS",
     "build_engine",
     "cpu_preload_libraries",
@@ -293,6 +316,7 @@ __all__ = [
     "model_files_identity",
     "preload_value",
     "shutdown_engine",
+    "threads_bind",
     "vllm_installed",
     "warm_up_engine",
     "warmup_prompts",

@@ -25,7 +25,7 @@ SETUP_HINT = (
 )
 
 
-UNSAMPLED_FIELDS = ("concurrency", "cpu_preload", "warmup")
+UNSAMPLED_FIELDS = ("concurrency", "cpu_preload", "cpu_threads_bind", "warmup")
 """The :class:`VLLMSettings` fields that do not change what is sampled: left out of the agent's fingerprint."""
 
 
@@ -101,8 +101,18 @@ class VLLMSettings:
             "argument; not in the fingerprint."
         },
     )
+    cpu_threads_bind: str | None = field(
+        default=None,
+        metadata={
+            "help": "On vLLM's CPU backend, VLLM_CPU_OMP_THREADS_BIND for the engine's worker: 'auto' (vLLM's: its "
+            "threads pinned one per core, one core kept for the engine's scheduler), 'nobind' (unpinned: "
+            "OMP_NUM_THREADS threads, by default one per CPU, scheduled by the kernel) or CPU ids ('0-3'). Default: "
+            "'nobind' where this process may use at most 4 CPUs, vLLM's 'auto' on larger machines; the variable set "
+            "in the environment wins. Not an engine argument; not in the fingerprint."
+        },
+    )
     warmup: bool = field(
-        default=False,
+        default=True,
         metadata={
             "help": "Play warm-up requests through the engine once it is built (before the first real one), so the "
             "first run is not the one that pays the engine's first steps. Not an engine argument; not in the "
