@@ -61,13 +61,13 @@ from ..hf.agent import stop_token_ids
 from ..sampling import SamplingConfig, sampling_from_kwargs
 from ..stop_strings import cut_at_stop_string
 from .engine import (
+    WARMUP_NEW_TOKENS,
     build_engine,
     generation_eos,
     imported_vllm,
     load_tokenizer,
     model_files_identity,
     shutdown_engine,
-    threads_bind,
     vllm_installed,
     warm_up_engine,
 )
@@ -178,8 +178,8 @@ class VLLMAgent(Agent):
         handler runs there. The build blocks the loop while the model loads (the agent is built before any run)."""
         self._vllm = ENGINE_LOOP.call(imported_vllm())
         s = self.settings
-        bind = threads_bind(s.cpu_threads_bind)
-        engine = ENGINE_LOOP.call(build_engine(self._vllm, s.engine_args(), preload=s.cpu_preload, bind=bind))
+        args, preload, bind = s.engine_args(), s.cpu_preload, s.cpu_threads_bind
+        engine = ENGINE_LOOP.call(build_engine(self._vllm, args, preload=preload, bind=bind))
         self.vllm_version = self._vllm.version
         self._engine = engine
         config = engine.vllm_config
@@ -202,14 +202,13 @@ class VLLMAgent(Agent):
             self.warm_up()
 
     def warm_up(self, requests: int | None = None) -> None:
-        """Play warm-up requests through the engine (:func:`~.engine.warm_up_engine`): ``requests`` of them at once
-        (default: as many as the engine batches, ``max_num_seqs``, at most ``concurrency``), each of at most
-        ``sampling.max_new_tokens`` tokens; not counted in :attr:`stats`. ``VLLMSettings(warmup=True)`` calls it
-        when the engine is built."""
+        """:func:`~.engine.warm_up_engine` with ``requests`` at once (default ``max_num_seqs``, at most ``concurrency``)
+        of up to ``sampling.max_new_tokens`` tokens (at most 32); not in :attr:`stats`. ``warmup=True`` calls it."""
         if self._engine is None:
             raise VLLMRequestError("the VLLMAgent was closed; build a new one.")
         n = requests or min(self.settings.concurrency, int(self.engine_config["max_num_seqs"]))
-        ENGINE_LOOP.call(warm_up_engine(self._vllm, self._engine, requests=n, max_tokens=self.sampling.max_new_tokens))
+        tokens = min(self.sampling.max_new_tokens, WARMUP_NEW_TOKENS)
+        ENGINE_LOOP.call(warm_up_engine(self._vllm, self._engine, requests=n, max_tokens=tokens))
 
     def close(self) -> None:
         """Shut the engine down (its processes end). Idempotent."""

@@ -1,9 +1,10 @@
 """Building, configuring and shutting down vLLM's engine for :class:`~.agent.VLLMAgent`.
 
 The import of vLLM and the build of its ``AsyncLLMEngine`` run on the engine loop (:mod:`hf_rollouts.aio`), where the
-agent awaits every request; on vLLM's CPU backend the build adjusts two engine settings (:func:`build_engine`). The
-model's tokenizer, its ``generation_config`` eos ids and a digest of its files (the fingerprint's) are read here too,
-without vLLM.
+agent awaits every request; on vLLM's CPU backend the build adjusts two engine settings (:func:`build_engine`) and the
+environment its processes start with (:func:`engine_process_env`), and :func:`warm_up_engine` plays a round's batch
+shapes through it. The model's tokenizer, its ``generation_config`` eos ids and a digest of its files (the
+fingerprint's) are read here too, without vLLM.
 """
 
 from __future__ import annotations
@@ -179,22 +180,6 @@ def _torch_library_dirs() -> set[str]:
     return {os.path.join(package, "lib"), os.path.join(os.path.dirname(package), "torch.libs")}
 
 
-SMALL_MACHINE_CPUS = 4
-"""At most this many usable CPUs, :func:`threads_bind` leaves the engine's worker unpinned (``nobind``)."""
-
-
-def threads_bind(setting: str | None) -> str | None:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for the engine's worker: ``setting`` when given; else ``"nobind"`` where this
-    process may use at most :data:`SMALL_MACHINE_CPUS` CPUs, and ``None`` (vLLM's ``auto``) on larger machines.
-
-    vLLM's ``auto`` binding pins the worker's OpenMP threads one per core and keeps a core for the engine core's
-    scheduler: on a 2-core machine the model runs on one pinned core, and every other vLLM engine on the machine is
-    pinned to that same core (see docs/speed.md, "vLLM on a small CPU")."""
-    if setting is not None:
-        return setting
-    return "nobind" if len(os.sched_getaffinity(0)) <= SMALL_MACHINE_CPUS else None
-
-
 @contextlib.contextmanager
 def engine_process_env(preload: bool, bind: str | None = None) -> Iterator[None]:
     """Within the block, the environment the processes the engine starts (its core and worker, started with
@@ -230,7 +215,9 @@ async def build_engine(
     ``GPUModelRunner._bookkeeping_sync``) as soon as many seeded prompts exceed the step's token budget. Without
     chunking, the budget (``max_num_batched_tokens``) must hold the longest prompt, so it is raised to
     ``max_model_len`` where it is smaller. And the KV-cache block size is :data:`CPU_BLOCK_SIZE` unless
-    ``engine_args`` give one (or the model needs its own, e.g. MLA), so prefix caching has blocks to reuse.
+    ``engine_args`` give one (or the model needs its own, e.g. MLA), so prefix caching has blocks to reuse. The
+    engine's processes start with the libraries preloaded when ``preload`` and with ``VLLM_CPU_OMP_THREADS_BIND``
+    ``bind`` (:func:`engine_process_env`; both on CPU only).
     """
     with engine_process_env(preload and vllm.on_cpu, bind if vllm.on_cpu else None):
         return _build(vllm, engine_args)
@@ -252,6 +239,9 @@ def _build(vllm: SimpleNamespace, engine_args: dict[str, Any]) -> Any:
 
 WARMUP_PROMPT_TOKENS = 32
 """The longest warm-up prompt (:func:`warm_up_engine`), capped at the context."""
+WARMUP_NEW_TOKENS = 32
+"""The most tokens a warm-up request decodes (:meth:`~.agent.VLLMAgent.warm_up`): enough steps for the decode batch
+to shrink from a round's size to one."""
 
 
 def warmup_prompts(requests: int, longest: int, vocab_size: int) -> list[list[int]]:
@@ -304,7 +294,7 @@ def shutdown_engine(engine: Any) -> None:
 __all__ = [
     "CPU_BLOCK_SIZE",
     "CPU_DEFAULT_BLOCK_SIZE",
-    "SMALL_MACHINE_CPUS",
+    "WARMUP_NEW_TOKENS",
     "WARMUP_PROMPT_TOKENS",
     "build_engine",
     "cpu_preload_libraries",
@@ -316,7 +306,6 @@ __all__ = [
     "model_files_identity",
     "preload_value",
     "shutdown_engine",
-    "threads_bind",
     "vllm_installed",
     "warm_up_engine",
     "warmup_prompts",

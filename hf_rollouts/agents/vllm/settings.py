@@ -104,11 +104,12 @@ class VLLMSettings:
     cpu_threads_bind: str | None = field(
         default=None,
         metadata={
-            "help": "On vLLM's CPU backend, VLLM_CPU_OMP_THREADS_BIND for the engine's worker: 'auto' (vLLM's: its "
-            "threads pinned one per core, one core kept for the engine's scheduler), 'nobind' (unpinned: "
-            "OMP_NUM_THREADS threads, by default one per CPU, scheduled by the kernel) or CPU ids ('0-3'). Default: "
-            "'nobind' where this process may use at most 4 CPUs, vLLM's 'auto' on larger machines; the variable set "
-            "in the environment wins. Not an engine argument; not in the fingerprint."
+            "help": "On vLLM's CPU backend, VLLM_CPU_OMP_THREADS_BIND for the engine's worker: 'auto' (vLLM's "
+            "default: its threads pinned one per core, one core kept for the engine's scheduler), 'nobind' "
+            "(unpinned: OMP_NUM_THREADS threads, by default one per CPU, scheduled by the kernel) or CPU ids "
+            "('0-3'); default: vLLM's, and the variable set in the environment wins. See docs/speed.md: on 2 "
+            "shared cores 'nobind' measured both 2x faster and 10x slower. Not an engine argument; not in the "
+            "fingerprint."
         },
     )
     warmup: bool = field(
