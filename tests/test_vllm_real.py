@@ -570,7 +570,7 @@ def test_cpu_preload_finds_the_libraries_and_sets_them_only_for_the_engines_proc
 
     settings = VLLMSettings.from_dict("m", {"cpu_preload": False, "warmup": False, "max_num_seqs": 8})
     assert (settings.cpu_preload, settings.warmup, settings.engine_kwargs) == (False, False, {"max_num_seqs": 8})
-    assert VLLMSettings("m").warmup and settings.cpu_threads_bind is None
+    assert VLLMSettings("m").warmup is None and settings.cpu_threads_bind is None  # warm-up: with enforce_eager
     assert not {"cpu_preload", "cpu_threads_bind", "warmup", "concurrency"} & set(settings.engine_args())
 
 

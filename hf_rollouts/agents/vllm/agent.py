@@ -198,12 +198,12 @@ class VLLMAgent(Agent):
             "logprobs_mode": str(config.model_config.logprobs_mode),
         }
         self._finalizer = weakref.finalize(self, shutdown_engine, engine)
-        if s.warmup:
+        if s.warmup or (s.warmup is None and s.enforce_eager):
             self.warm_up()
 
     def warm_up(self, requests: int | None = None) -> None:
         """:func:`~.engine.warm_up_engine` with ``requests`` at once (default ``max_num_seqs``, at most ``concurrency``)
-        of up to ``sampling.max_new_tokens`` tokens (at most 32); not in :attr:`stats`. ``warmup=True`` calls it."""
+        of up to ``sampling.max_new_tokens`` tokens (at most 32); not in :attr:`stats`. See ``VLLMSettings.warmup``."""
         if self._engine is None:
             raise VLLMRequestError("the VLLMAgent was closed; build a new one.")
         n = requests or min(self.settings.concurrency, int(self.engine_config["max_num_seqs"]))

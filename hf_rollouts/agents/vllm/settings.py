@@ -108,16 +108,17 @@ class VLLMSettings:
             "default: its threads pinned one per core, one core kept for the engine's scheduler), 'nobind' "
             "(unpinned: OMP_NUM_THREADS threads, by default one per CPU, scheduled by the kernel) or CPU ids "
             "('0-3'); default: vLLM's, and the variable set in the environment wins. See docs/speed.md: on 2 "
-            "shared cores 'nobind' measured both 2x faster and 10x slower. Not an engine argument; not in the "
-            "fingerprint."
+            "shared cores 'nobind' measured 2x faster with cpu_preload and over 10x slower without. Not an engine "
+            "argument; not in the fingerprint."
         },
     )
-    warmup: bool = field(
-        default=True,
+    warmup: bool | None = field(
+        default=None,
         metadata={
-            "help": "Play warm-up requests through the engine once it is built (before the first real one), so the "
-            "first run is not the one that pays the engine's first steps. Not an engine argument; not in the "
-            "fingerprint."
+            "help": "Play warm-up requests through the engine once it is built (VLLMAgent.warm_up), so the first run "
+            "is not the one that pays the engine's first steps. Default: with enforce_eager (measured: an eager "
+            "engine's first run was 1.2-1.6x its warm runs on CPU; a compiled one is warmed by vLLM's own profile "
+            "run at the build). Not an engine argument; not in the fingerprint."
         },
     )
     engine_kwargs: dict[str, Any] = field(
