@@ -13,12 +13,20 @@ tokens per turn, the embedded ``tiny-small`` Llama in float32). Rows:
 
 * ``transformers generate``: ``TransformersAgent(backend="generate")`` (left-padded batched ``model.generate``,
   KV cache kept between turns), best over torch thread counts ``--threads`` x ``--repeats``;
-* ``vllm (first run)``: ``VLLMAgent``'s first ``generate_rollouts`` after the engine is built (warm-up included);
-* ``vllm``: the best of ``--repeats`` further runs, each after ``reset_prefix_cache()`` so no run reuses the
+* ``vllm VARIANT (first run)``: ``VLLMAgent``'s first ``generate_rollouts`` after the engine is built (the engine's
+  own warm-up, and the agent's ``warmup`` when on, are in the build);
+* ``vllm VARIANT``: the best of ``--repeats`` further runs, each after ``reset_prefix_cache()`` so no run reuses the
   previous run's prompts (within a run, later turns of an episode do hit the cache, as they would in use).
 
-The engine's build time is printed apart. The two agents draw different random numbers, so their episodes (and
-token counts) differ; compare generated tokens per second. Numbers vary on a shared machine; compare rows of one run.
+``--variants before,agent,eager+preload`` builds one engine per setup, one after the other, in this run (the parts:
+:data:`VARIANT_PARTS`), so setups are compared side by side (docs/speed.md, "vLLM on a small CPU"):
+
+    PYTHONPATH=. python scripts/benchmark_vllm.py --repeats 1 --threads 1 \
+        --variants before,eager,eager+tcmalloc,eager+preload,eager+preload+warmup,eager+preload+nobind
+
+The engine's build time is printed apart, and the load average after each row. The two agents draw different random
+numbers, so their episodes (and token counts) differ; compare generated tokens per second. Numbers vary on a shared
+machine; compare rows of one run.
 """
 
 from __future__ import annotations
