@@ -446,7 +446,22 @@ def test_vllm_agent_prefix_cache_seeds_context_and_records(vllm_agent_run, small
     assert described["engine"]["block_size"] == 32 and described["engine"]["max_model_len"] == 512
     fp = run.fingerprint
     assert fp["vllm"] == "0.32.0" and fp["model_files"] and fp["settings"]["logprobs_mode"] == "processed"
-    assert "concurrency" not in fp["settings"]  # it changes only the batching, not what a request samples
+    assert not {"concurrency", "cpu_preload", "cpu_threads_bind", "warmup"} & set(
+        fp["settings"]
+    )  # they do not change what is sampled
+
+
+def test_vllm_agent_preloads_unpins_and_warms_up_the_engines_processes(vllm_agent_run):
+    run = vllm_agent_run
+    assert run.stats_after_warmup == dict.fromkeys(run.stats, 0)  # the warm-up requests are not the agent's
+    assert run.ld_preload_here == run.ld_preload_before  # restored: later subprocesses of this one do not get it
+    assert len(run.engine_libraries) >= 2, run.engine_libraries  # vLLM's engine core and its worker
+    wanted = [path for path in run.preload_found.values() if path]
+    for name, mapped in run.engine_libraries.items():
+        for path in wanted:
+            assert any(os.path.realpath(m) == os.path.realpath(path) for m in mapped), (name, path, mapped)
+    print(f"\nengine processes' preloads: {run.engine_libraries}; CPUs: {run.engine_affinity}")
+    assert run.engine_affinity["VLLM::Worker"] == run.affinity, run.engine_affinity  # cpu_threads_bind="nobind"
 
 
 def test_vllm_agent_stop_strings_keep_the_engines_ids_up_to_the_stop(vllm_agent_run, small):
@@ -510,3 +525,63 @@ def test_vllm_spec_without_vllm_says_how_to_set_it_up(tmp_path):
         load_agent("vllm:some/model")
     run = _cli("generate", "--env", "mastermind", "--num-tasks", "1", "--model", "vllm:x", "--output", str(tmp_path))
     assert run.returncode == 2 and run.stderr.startswith("error: ") and "scripts/setup_vllm.sh" in run.stderr
+
+
+def test_cpu_preload_finds_the_libraries_and_sets_them_only_for_the_engines_processes(tmp_path, monkeypatch):
+    from hf_rollouts.agents.vllm import VLLMSettings
+    from hf_rollouts.agents.vllm.engine import cpu_preload_libraries, engine_process_env, preload_value
+
+    (tmp_path / "lib").mkdir()
+    for name in ("libiomp5.so", "libtcmalloc_minimal.so.4"):
+        (tmp_path / "lib" / name).write_bytes(b"")
+    found = cpu_preload_libraries((str(tmp_path),))
+    assert found == {"tcmalloc": f"{tmp_path}/lib/libtcmalloc_minimal.so.4", "iomp": f"{tmp_path}/lib/libiomp5.so"}
+    libs = {"tcmalloc": "/x/libtcmalloc_minimal.so.4", "iomp": "/v/lib/libiomp5.so"}
+    assert preload_value("", libs) == "/x/libtcmalloc_minimal.so.4:/v/lib/libiomp5.so"
+    assert preload_value("/mine/libfoo.so", libs) == "/x/libtcmalloc_minimal.so.4:/v/lib/libiomp5.so:/mine/libfoo.so"
+    assert preload_value("/u/libtcmalloc.so.4:/u/libomp.so.5", libs) == "/u/libtcmalloc.so.4:/u/libomp.so.5"  # theirs
+    assert preload_value("/u/libgomp.so.1", libs) == "/x/libtcmalloc_minimal.so.4:/u/libgomp.so.1"  # no two OpenMPs
+    torch_gomp = str(Path(__import__("torch").__file__).parent / "lib" / "libgomp.so.1")  # what vLLM adds
+    assert preload_value(torch_gomp, libs) == "/x/libtcmalloc_minimal.so.4:/v/lib/libiomp5.so"
+    assert preload_value("", {"tcmalloc": None, "iomp": None}) == ""
+    assert preload_value(torch_gomp, {"tcmalloc": libs["tcmalloc"], "iomp": None}) == f"{libs['tcmalloc']}:{torch_gomp}"
+
+    monkeypatch.setattr("hf_rollouts.agents.vllm.engine.cpu_preload_libraries", lambda: libs)
+    monkeypatch.setenv("LD_PRELOAD", "/mine/libfoo.so")
+    with engine_process_env(True):
+        assert os.environ["LD_PRELOAD"].endswith(":/mine/libfoo.so") and "libiomp5" in os.environ["LD_PRELOAD"]
+        os.environ["LD_PRELOAD"] += f":{torch_gomp}"  # as vLLM's CPU platform does while the engine is built
+    assert os.environ["LD_PRELOAD"] == "/mine/libfoo.so"  # restored: later subprocesses preload nothing new
+    monkeypatch.delenv("LD_PRELOAD")
+    with engine_process_env(False):
+        assert "LD_PRELOAD" not in os.environ
+    with engine_process_env(True):
+        assert os.environ["LD_PRELOAD"] == ":".join(libs.values())
+    assert "LD_PRELOAD" not in os.environ
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    with engine_process_env(False, "nobind"):
+        assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and "LD_PRELOAD" not in os.environ
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+    with engine_process_env(False, "nobind"):
+        assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"  # the user's environment wins
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+
+    settings = VLLMSettings.from_dict("m", {"cpu_preload": False, "warmup": False, "max_num_seqs": 8})
+    assert (settings.cpu_preload, settings.warmup, settings.engine_kwargs) == (False, False, {"max_num_seqs": 8})
+    assert VLLMSettings("m").warmup is None and settings.cpu_threads_bind is None  # warm-up: with enforce_eager
+    assert not {"cpu_preload", "cpu_threads_bind", "warmup", "concurrency"} & set(settings.engine_args())
+
+
+def test_warmup_prompts_spread_their_lengths_within_the_vocabulary():
+    from hf_rollouts.agents.vllm.engine import warmup_prompts
+
+    prompts = warmup_prompts(5, 32, 100)
+    assert [len(p) for p in prompts] == [1, 8, 16, 24, 32]
+    assert all(0 <= i < 100 for p in prompts for i in p) and len({tuple(p[:1]) for p in prompts}) == 5
+    assert warmup_prompts(1, 32, 100) == [[1 % 100]] and warmup_prompts(3, 1, 7) == [
+        [1],
+        [3],
+        [5],
+    ]  # one id each, not the same

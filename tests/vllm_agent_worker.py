@@ -12,14 +12,18 @@ actions, so the test compares the stored rollouts with what the engine returned.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+
+import psutil
 
 
 def main(model_dir: str, out_path: str, cli_out: str) -> None:
     from hf_rollouts.agents.loading import load_agent
     from hf_rollouts.agents.sampling import SamplingConfig
     from hf_rollouts.agents.vllm import VLLMAgent
+    from hf_rollouts.agents.vllm.engine import cpu_preload_libraries
     from hf_rollouts.envs.mastermind import MastermindEnv
     from hf_rollouts.pipeline import generate_rollouts
     from hf_rollouts.types import AgentRequest
@@ -45,11 +49,23 @@ def main(model_dir: str, out_path: str, cli_out: str) -> None:
         return action
 
     VLLMAgent._to_action = recording
+    result["ld_preload_before"] = os.environ.get("LD_PRELOAD")
     t = time.perf_counter()
     sampling = SamplingConfig(temperature=0.7, max_new_tokens=10)
     engine = {"dtype": "float32", "enforce_eager": True, "logprobs_mode": "processed", "max_model_len": 512}
+    engine.update(cpu_preload=True, cpu_threads_bind="nobind", warmup=True)  # vLLM's auto would pin the worker
     agent = load_agent(f"vllm:{model_dir}", sampling, seed=0, engine=engine)  # the default block size: it must cache
     result["timings"]["engine_build_s"] = time.perf_counter() - t
+    result["stats_after_warmup"] = dict(agent.stats)
+    result["ld_preload_here"] = os.environ.get("LD_PRELOAD")
+    result["preload_found"] = cpu_preload_libraries()
+    result["engine_libraries"] = {}  # what each of the engine's processes (core, worker) mapped
+    for child in psutil.Process().children(recursive=True):
+        with open(f"/proc/{child.pid}/maps") as f:
+            paths = {line.split()[-1] for line in f if "/" in line}
+        result["engine_libraries"][child.name()] = sorted(p for p in paths if "tcmalloc" in p or "omp" in p)
+        result.setdefault("engine_affinity", {})[child.name()] = sorted(os.sched_getaffinity(child.pid))
+    result["affinity"] = sorted(os.sched_getaffinity(0))
 
     tok = agent.tokenizer
     eos = tok.eos_token_id

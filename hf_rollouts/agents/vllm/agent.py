@@ -61,6 +61,7 @@ from ..hf.agent import stop_token_ids
 from ..sampling import SamplingConfig, sampling_from_kwargs
 from ..stop_strings import cut_at_stop_string
 from .engine import (
+    WARMUP_NEW_TOKENS,
     build_engine,
     generation_eos,
     imported_vllm,
@@ -68,9 +69,11 @@ from .engine import (
     model_files_identity,
     shutdown_engine,
     vllm_installed,
+    warm_up_engine,
 )
 from .settings import (
     SETUP_HINT,
+    UNSAMPLED_FIELDS,
     VLLMSettings,
     VLLMUnavailableError,
     check_logprob_settings,
@@ -174,7 +177,9 @@ class VLLMAgent(Agent):
         """Import vLLM and build the engine on the engine loop (see :func:`~.engine.import_vllm`), so its output
         handler runs there. The build blocks the loop while the model loads (the agent is built before any run)."""
         self._vllm = ENGINE_LOOP.call(imported_vllm())
-        engine = ENGINE_LOOP.call(build_engine(self._vllm, self.settings.engine_args()))
+        s = self.settings
+        args, preload, bind = s.engine_args(), s.cpu_preload, s.cpu_threads_bind
+        engine = ENGINE_LOOP.call(build_engine(self._vllm, args, preload=preload, bind=bind))
         self.vllm_version = self._vllm.version
         self._engine = engine
         config = engine.vllm_config
@@ -193,6 +198,17 @@ class VLLMAgent(Agent):
             "logprobs_mode": str(config.model_config.logprobs_mode),
         }
         self._finalizer = weakref.finalize(self, shutdown_engine, engine)
+        if s.warmup or (s.warmup is None and s.enforce_eager):
+            self.warm_up()
+
+    def warm_up(self, requests: int | None = None) -> None:
+        """:func:`~.engine.warm_up_engine` with ``requests`` at once (default ``max_num_seqs``, at most ``concurrency``)
+        of up to ``sampling.max_new_tokens`` tokens (at most 32); not in :attr:`stats`. See ``VLLMSettings.warmup``."""
+        if self._engine is None:
+            raise VLLMRequestError("the VLLMAgent was closed; build a new one.")
+        n = requests or min(self.settings.concurrency, int(self.engine_config["max_num_seqs"]))
+        tokens = min(self.sampling.max_new_tokens, WARMUP_NEW_TOKENS)
+        ENGINE_LOOP.call(warm_up_engine(self._vllm, self._engine, requests=n, max_tokens=tokens))
 
     def close(self) -> None:
         """Shut the engine down (its processes end). Idempotent."""
@@ -387,9 +403,10 @@ class VLLMAgent(Agent):
 
     def fingerprint(self) -> dict[str, Any]:
         """Everything that changes samples: the model (and its files' identity), vLLM's version, every engine
-        setting but ``concurrency``, sampling, stop ids and the log-prob convention; after :meth:`sync_weights`,
-        the probe of the weights loaded (``weights_probe``), which moves with every sync of other weights."""
-        settings = {k: v for k, v in asdict(self.settings).items() if k != "concurrency"}
+        setting but :data:`~.settings.UNSAMPLED_FIELDS`, sampling, stop ids and the log-prob convention; after
+        :meth:`sync_weights`, the probe of the weights loaded (``weights_probe``), which moves with every sync of other
+        weights."""
+        settings = {k: v for k, v in asdict(self.settings).items() if k not in UNSAMPLED_FIELDS}
         synced = {} if self._weights_probe is None else {"weights_probe": self._weights_probe}
         return {
             **synced,

