@@ -30,10 +30,12 @@ GAP_BOUND = {"torch.float32": 2e-5, "torch.bfloat16": 3e-2}
 float32 rounding, or bfloat16's (measured: up to 9e-3 on these tokens)."""
 
 
-def _run_worker(python: str, model_dir: str, tmp: Path, part: str) -> SimpleNamespace:
-    """Run tests/vllm_training_worker.py PART once in the vLLM venv; its JSON report (see that file)."""
+def _run_worker(
+    python: str, model_dir: str, tmp: Path, part: str, worker: str = "vllm_training_worker.py"
+) -> SimpleNamespace:
+    """Run tests/WORKER PART once in the vLLM venv; its JSON report (see that file)."""
     report = tmp / f"{part}.json"
-    cmd = [python, str(REPO / "tests" / "vllm_training_worker.py"), model_dir, str(report), part]
+    cmd = [python, str(REPO / "tests" / worker), model_dir, str(report), part]
     env = _vllm_env(tmp, PYTHONPATH=str(REPO), HF_ROLLOUTS_CACHE=os.environ["HF_ROLLOUTS_CACHE"])
     env.update(TRL_EXPERIMENTAL_SILENCE="1")
     started = time.monotonic()

@@ -84,10 +84,8 @@ def check_config(cfg: TrainConfig) -> None:
         raise TrainConfigError("--lora-rank and --checkpoint-every must be >= 0 and --keep-checkpoints >= 1.")
     if cfg.lora_rank and cfg.trainable_layers:
         raise TrainConfigError("--lora-rank trains an adapter on every linear layer: leave --trainable-layers at 0.")
-    if cfg.lora_rank and cfg.backend == "vllm":
-        raise TrainConfigError(
-            "--lora-rank with --backend vllm is not supported yet (the engine would need the adapter, not the "
-            "weights): use --backend transformers, or full weights with vllm.")  # fmt: skip
+    if cfg.lora_rank > 512 and cfg.backend == "vllm":
+        raise TrainConfigError(f"--lora-rank {cfg.lora_rank} with --backend vllm: vLLM serves LoRA ranks up to 512.")
     if cfg.stop_after_round is not None and (
         not cfg.checkpoint_every or (cfg.stop_after_round + 1) % cfg.checkpoint_every
     ):

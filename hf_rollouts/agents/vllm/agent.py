@@ -154,6 +154,8 @@ class VLLMAgent(Agent):
         self.stats = _Stats()
         self._engine: Any = None
         self._weights_probe: str | None = None  # set by sync_weights: the probe of the weights the engine holds
+        self._lora_request: Any = None  # set by sync_adapter: the current policy's adapter, on every request
+        self._lora_version = 0
         self._start()
 
     @classmethod
@@ -200,6 +202,10 @@ class VLLMAgent(Agent):
         if finalizer is not None:
             finalizer()
         self._engine = None
+        if self._lora_request is not None:
+            from .adapters import drop_adapter_files
+
+            drop_adapter_files(self)
 
     def __enter__(self) -> VLLMAgent:
         return self
@@ -268,6 +274,15 @@ class VLLMAgent(Agent):
 
         return sync_weights(self, model)
 
+    def sync_adapter(self, model: Any) -> Any:
+        """Load a peft ``model``'s current LoRA adapter into the engine as a new ``LoRARequest`` that every later
+        request carries (the base weights stay; the engine needs ``engine_kwargs=lora_engine_kwargs(rank)``), and
+        move the fingerprint (:func:`~.adapters.sync_adapter`; call it between rounds). Returns an
+        :class:`~.adapters.AdapterSync`."""
+        from .adapters import sync_adapter
+
+        return sync_adapter(self, model)
+
     def request_seed(self, request: AgentRequest) -> int:
         """The seed of ``request``'s sampling: its own, else one from the agent's seed, its session and its turn."""
         if request.seed is not None:
@@ -314,7 +329,8 @@ class VLLMAgent(Agent):
             params = self.sampling_params(request, min(self.sampling.max_new_tokens, self.max_model_len - len(prompt)))
             engine_input = await self._engine_input(prompt)
             final = None
-            async for output in self._engine.generate(engine_input, params, request_id=f"hfr-{uuid.uuid4().hex}"):
+            lora, rid = self._lora_request, f"hfr-{uuid.uuid4().hex}"  # the adapter of the current version, if any
+            async for output in self._engine.generate(engine_input, params, request_id=rid, lora_request=lora):
                 final = output
             return self._to_action(request, prompt, final), request.agent_state
         except ContextLengthError:

@@ -1,0 +1,108 @@
+"""LoRA with VLLMAgent sampling, in the isolated vLLM venv; writes what it measured to a JSON file that
+tests/test_vllm_lora.py checks.
+
+Run as ``<vllm venv python> tests/vllm_lora_worker.py MODEL_DIR OUT.json`` with ``PYTHONPATH=<checkout>`` (vLLM
+spawns its engine processes, hence the ``__main__`` guard).
+
+* ``sync``: one engine on the base weights with LoRA on, a peft copy of the same model (rank 8, ``all-linear``, as
+  ``--lora-rank`` builds it). The fresh adapter synced (version 1: B = 0, the base policy) and round 0's engine
+  log-probs against the peft model's; an update of the adapter; a round sampled *without* a sync; the sync
+  (version 2: its bytes and seconds, the engine's adapters, the base weights' checksums before and after); the
+  same round again.
+* ``script``: ``scripts/train_grpo.py --backend vllm --lora-rank 8 --logprob-gap`` for three rounds (its metrics
+  rows).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from vllm_training_worker import TEMPERATURE, run_script
+
+RANK = 8
+
+
+def engine_checksums(agent) -> object:
+    """The engine's weight checksums (``AsyncLLM.compute_weight_checksums``), or the error that stops them."""
+    from hf_rollouts.aio import ENGINE_LOOP
+
+    try:
+        return ENGINE_LOOP.call(agent._engine.compute_weight_checksums())
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def sync_checks(model_dir: str) -> dict:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from hf_rollouts.agents.hf import TransformersAgent
+    from hf_rollouts.agents.sampling import SamplingConfig
+    from hf_rollouts.agents.vllm import VLLMAgent, lora_engine_kwargs
+    from hf_rollouts.aio import ENGINE_LOOP
+    from hf_rollouts.envs.mastermind import MastermindEnv
+    from hf_rollouts.rounds import collect_rollouts
+    from hf_rollouts.training import logprob_gap, prepare_rollouts, sft_update
+
+    out: dict = {}
+    agent = VLLMAgent(
+        model=model_dir, dtype="float32", enforce_eager=True, logprobs_mode="processed", max_model_len=512, seed=0,
+        engine_kwargs={"kv_cache_memory_bytes": 1 << 28, **lora_engine_kwargs(RANK)},
+        sampling=SamplingConfig(temperature=TEMPERATURE, max_new_tokens=8),
+    )  # fmt: skip
+    tok = agent.tokenizer
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules="all-linear",
+                                            lora_dropout=0.0, task_type="CAUSAL_LM"))  # fmt: skip
+    model.eval()
+    tasks = MastermindEnv(tok, {"max_turns": 2}).get_train_dataset(4)
+    out["full_weights_bytes"] = sum(p.numel() * p.element_size() for p in base.state_dict().values())
+
+    def gap(rollouts) -> dict:
+        rows = prepare_rollouts(rollouts, flatten=True, progress=False).dataset
+        g = logprob_gap(model, rows, tok.pad_token_id)
+        return {"tokens": g.tokens, "max_abs": g.max_abs, "mean_abs": g.mean_abs}
+
+    def record(sync) -> dict:
+        return {"version": sync.version, "tensors": sync.tensors, "bytes": sync.bytes, "write_s": sync.write_s,
+                "load_s": sync.load_s, "weights_probe": sync.weights_probe}  # fmt: skip
+
+    out["checksums_start"] = engine_checksums(agent)
+    out["sync1"] = record(agent.sync_adapter(model))
+    out["gap_fresh_adapter"] = gap(collect_rollouts(tasks, agent, 4, seed=1))
+    round0 = collect_rollouts(tasks, agent, 4, seed=1)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    out["update_losses"] = sft_update(
+        model, optimizer, prepare_rollouts(round0, flatten=True, progress=False), pad_token_id=tok.pad_token_id,
+        steps=3, batch_size=8,
+    )  # fmt: skip
+    model.eval()
+    out["gap_without_sync"] = gap(collect_rollouts(tasks, agent, 4, seed=2))
+    out["sync2"] = record(agent.sync_adapter(model))
+    out["transformers_probe"] = TransformersAgent(base, tok, temperature=TEMPERATURE).weights_probe()
+    out["fingerprint_probe"] = agent.fingerprint().get("weights_probe")
+    out["loras"] = sorted(ENGINE_LOOP.call(agent._engine.list_loras()))
+    out["gap_after_sync"] = gap(collect_rollouts(tasks, agent, 4, seed=2))
+    out["checksums_after"] = engine_checksums(agent)
+    with model.disable_adapter():  # the base policy: the engine samples with the adapter, so this is far off
+        out["gap_base_model"] = gap(collect_rollouts(tasks, agent, 4, seed=2))
+    agent.close()
+    return out
+
+
+def main(model_dir: str, out_path: str) -> None:
+    try:
+        import peft  # noqa: F401
+    except ImportError as exc:
+        result = {"skipped": f"peft is not in the vLLM venv ({exc}): bash scripts/setup_vllm.sh"}
+    else:
+        result = {"sync": sync_checks(model_dir)}
+        result["script"] = run_script(str(Path(out_path).parent / "train_grpo_lora"), ("--lora-rank", str(RANK)))
+    Path(out_path).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
