@@ -70,3 +70,26 @@ def test_train_grpo_lora_with_vllm_syncs_the_adapter_every_round(lora_run):
                for row in rows)  # fmt: skip
     assert any(row["trained_rollouts"] for row in rows[:-1])
     assert all(row["fingerprint_changed"] == bool(row["trained_rollouts"]) for row in rows)
+
+
+@pytest.fixture(scope="module")
+def colocate_lora_run(vllm_python, small, tmp_path_factory):  # noqa: F811
+    tmp = tmp_path_factory.mktemp("vllm-lora-colocate")
+    run = _run_worker(vllm_python, small[0], tmp, "lora_colocate", "vllm_lora_worker.py")
+    if getattr(run, "skipped", None):
+        pytest.skip(run.skipped)
+    return run.colocate
+
+
+def test_trl_colocate_mode_with_peft_config_merges_the_adapter_for_each_sync(colocate_lora_run):
+    """TRL 1.16 builds its colocated engine without LoRA, so a ``peft_config`` run syncs the adapter merged into the
+    weights (``merged_tensors``): every step's sampler/trainer gap stays at the engine's rounding, the base weights
+    of the trained model never move and the adapter does."""
+    run = colocate_lora_run
+    steps = [h for h in run["log_history"] if "sampling/sampling_logp_difference/max" in h]
+    for h in steps:
+        print({k: round(v, 6) for k, v in h.items() if k.startswith("sampling/") or k in ("reward", "step")})
+    print(f"engine dtype {run['engine_dtype']}, LoRA in the engine: {run['engine_lora']}; syncs {run['sync_seconds']}")
+    assert not run["engine_lora"] and run["calls"] == 3 and len(steps) == 3 and len(run["sync_seconds"]) == 3
+    assert max(h["sampling/sampling_logp_difference/max"] for h in steps) < GAP_BOUND[run["engine_dtype"]]
+    assert run["base_unchanged"] and run["lora_b_moved"] > 0

@@ -1,7 +1,7 @@
 """LoRA with VLLMAgent sampling, in the isolated vLLM venv; writes what it measured to a JSON file that
 tests/test_vllm_lora.py checks.
 
-Run as ``<vllm venv python> tests/vllm_lora_worker.py MODEL_DIR OUT.json`` with ``PYTHONPATH=<checkout>`` (vLLM
+Run as ``<vllm venv python> tests/vllm_lora_worker.py MODEL_DIR OUT.json [PART]`` with ``PYTHONPATH=<checkout>`` (vLLM
 spawns its engine processes, hence the ``__main__`` guard).
 
 * ``sync``: one engine on the base weights with LoRA on, a peft copy of the same model (rank 8, ``all-linear``, as
@@ -11,6 +11,9 @@ spawns its engine processes, hence the ``__main__`` guard).
   same round again.
 * ``script``: ``scripts/train_grpo.py --backend vllm --lora-rank 8 --logprob-gap`` for three rounds (its metrics
   rows).
+* ``PART`` ``lora_colocate`` (a process of its own: TRL's colocated engine sets up torch.distributed): TRL's
+  ``GRPOTrainer`` in colocate mode with ``peft_config`` through ``build_grpo_trainer`` for three steps; the adapter
+  is merged into the engine's weights for each sync (TRL builds its engine without LoRA).
 """
 
 from __future__ import annotations
@@ -93,16 +96,55 @@ def sync_checks(model_dir: str) -> dict:
     return out
 
 
-def main(model_dir: str, out_path: str) -> None:
+def trl_colocate_lora(model_dir: str) -> dict:
+    """TRL's GRPOTrainer in colocate mode with ``peft_config`` (build_grpo_trainer): three steps, the adapter merged
+    into the weights for each sync (:func:`~hf_rollouts.integrations.trl.colocate.merged_tensors`)."""
+    import torch
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_rollouts.envs.guess_number import GuessNumberEnv
+    from hf_rollouts.integrations.trl import build_grpo_trainer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tasks = GuessNumberEnv(tok, {"low": 1, "high": 3, "max_turns": 2}).get_train_dataset(16)
+    settings = {"learning_rate": 1e-2, "use_vllm": True, "vllm_mode": "colocate", "temperature": TEMPERATURE,
+                "vllm_gpu_memory_utilization": 0.1, "vllm_max_model_length": 512,
+                "vllm_importance_sampling_mode": "token_truncate"}  # fmt: skip
+    config = LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules="all-linear", lora_dropout=0.0,
+                        task_type="CAUSAL_LM")  # fmt: skip
+    trainer, rollout = build_grpo_trainer(model, tok, tasks, max_steps=3, num_generations=4, tasks_per_step=2,
+                                          max_new_tokens=4, peft_config=config, **settings)  # fmt: skip
+    generation = trainer.vllm_generation
+    out: dict = {"engine_dtype": str(generation.llm.llm_engine.vllm_config.model_config.dtype),
+                 "engine_lora": generation.llm.llm_engine.vllm_config.lora_config is not None}  # fmt: skip
+    trainer.train()
+    trained = trainer.accelerator.unwrap_model(trainer.model)
+    after = {n.removeprefix("base_model.model.").replace(".base_layer", ""): p
+             for n, p in trained.state_dict().items() if "lora_" not in n}  # fmt: skip
+    out["base_unchanged"] = after.keys() == base.keys() and all(torch.equal(base[k], after[k]) for k in base)
+    out["lora_b_moved"] = sum(int(p.abs().sum() > 0) for n, p in trained.named_parameters() if "lora_B" in n)
+    out["log_history"] = trainer.state.log_history
+    out["sync_seconds"] = generation.sync_seconds
+    out["calls"] = rollout.calls
+    return out
+
+
+def main(model_dir: str, out_path: str, part: str = "lora") -> None:
     try:
         import peft  # noqa: F401
     except ImportError as exc:
         result = {"skipped": f"peft is not in the vLLM venv ({exc}): bash scripts/setup_vllm.sh"}
     else:
-        result = {"sync": sync_checks(model_dir)}
-        result["script"] = run_script(str(Path(out_path).parent / "train_grpo_lora"), ("--lora-rank", str(RANK)))
+        if part == "lora_colocate":
+            result = {"colocate": trl_colocate_lora(model_dir)}
+        else:
+            result = {"sync": sync_checks(model_dir)}
+            result["script"] = run_script(str(Path(out_path).parent / "train_grpo_lora"), ("--lora-rank", str(RANK)))
     Path(out_path).write_text(json.dumps(result))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
