@@ -35,7 +35,7 @@ from typing import Any
 
 from ...aio import ENGINE_LOOP
 from ..hf.agent import weights_probe
-from .weights import _scratch_dir
+from .weights import scratch_dir
 
 ADAPTER_FILE = "adapter_model.safetensors"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -100,7 +100,7 @@ def sync_adapter(agent: Any, model: Any) -> AdapterSync:
     from vllm.lora.request import LoRARequest  # vLLM is imported already: the engine runs
 
     version = agent._lora_version + 1
-    path = _scratch_dir()
+    path = scratch_dir()
     try:
         started = time.perf_counter()
         model.save_pretrained(path)
