@@ -133,7 +133,7 @@ def setup(cfg: TrainConfig, cleanup: contextlib.ExitStack) -> RunParts:
     spec = "tiny-small" if cfg.model == "tiny" and cfg.model_size != "tiny" else cfg.model
     model, tokenizer, agent, params = runs.load_policy(cfg, spec=spec, device=accelerator.device, suffix="grpo")
     trained, engine = model, None
-    if cfg.backend == "vllm" and cfg.lora_rank:  # the engine loads the base weights, before peft wraps them
+    if cfg.backend == "vllm" and cfg.lora_rank and accelerator.num_processes == 1:  # the base weights, unwrapped
         engine = vllm_agent(model, tokenizer, cfg)
         cleanup.callback(engine.close)
     if cfg.lora_rank:
