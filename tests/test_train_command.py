@@ -260,6 +260,25 @@ def test_lora_leaves_the_base_weights_and_samples_with_the_adapter(tmp_path):
     }
 
 
+def test_lora_with_vllm_is_accepted_and_its_engine_serves_the_rank():
+    """``--lora-rank`` with ``--backend vllm`` passes the checks (the engine serves the adapter:
+    tests/test_vllm_lora.py runs it); the engine's ``max_lora_rank`` is the smallest rank vLLM accepts that holds it,
+    and a rank vLLM cannot serve is refused before any work."""
+    from hf_rollouts.agents.vllm import lora_engine_kwargs
+    from hf_rollouts.recipes.train_config import TrainConfig, TrainConfigError, check_config
+
+    check_config(TrainConfig(lora_rank=4, backend="vllm"))
+    assert lora_engine_kwargs(4) == {"enable_lora": True, "max_lora_rank": 8, "max_loras": 1, "max_cpu_loras": 2}
+    assert [lora_engine_kwargs(r)["max_lora_rank"] for r in (1, 8, 9, 300, 512)] == [1, 8, 16, 320, 512]
+    with pytest.raises(TrainConfigError, match="up to 512"):
+        check_config(TrainConfig(lora_rank=600, backend="vllm"))
+    with pytest.raises(ValueError, match="ranks 1..512"):
+        lora_engine_kwargs(0)
+    with pytest.raises(TrainConfigError, match="overlapped collector loads whole weights"):
+        check_config(TrainConfig(lora_rank=4, backend="vllm", max_staleness=1, importance_sampling_cap=2.0))
+    check_config(TrainConfig(lora_rank=4, max_staleness=1, importance_sampling_cap=2.0))  # transformers: one model
+
+
 # --------------------------------------------------------------------------- trackio (issue 51, item 5)
 def test_report_to_trackio_logs_each_round_and_a_rollout_table_that_trackio_reads_back(tmp_path):
     """The real trackio, offline, in subprocesses (it reads TRACKIO_DIR once, when imported): the run logs to

@@ -585,3 +585,61 @@ def test_episodes_of_several_samples_are_refused_with_the_fix(direct):
     single = EpisodeRecorder(TwoTurnDigitsEnv(tok, {}).chat)
     single.add_call(prompt, Action(text="1", token_ids=tok("1", add_special_tokens=False)["input_ids"]))
     assert episode_to_trl_row(single.finish("done", 1.0), tok.pad_token_id)["completion_ids"]
+
+
+def test_peft_config_through_build_grpo_trainer_trains_the_adapter_alone():
+    """``build_grpo_trainer(..., peft_config=LoraConfig(...))``: TRL wraps the model with peft, a real GRPO step
+    with our rollout function moves the adapter's weights and leaves every base weight as it was."""
+    peft = pytest.importorskip("peft")
+    from hf_rollouts.integrations.trl import build_grpo_trainer
+    from hf_rollouts.tiny_model import build_tiny_model
+
+    model, tok = build_tiny_model(seed=0)
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    tasks = to_task_dataset(task_rows(2 * TASKS_PER_STEP))
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
+    trainer, rollout = build_grpo_trainer(model, tok, tasks, num_generations=G, tasks_per_step=TASKS_PER_STEP,
+                                          max_steps=2, max_new_tokens=MAX_NEW, learning_rate=5e-2,
+                                          temperature=TEMPERATURE, peft_config=config,
+                                          rollout_options={"allowed_env_modules": ALLOWED})  # fmt: skip
+    trainer.train()
+    trained = trainer.accelerator.unwrap_model(trainer.model)
+    assert isinstance(trained, peft.PeftModel) and trainer.state.global_step == 2 and rollout.calls == 2
+    grads = {n for n, p in trained.named_parameters() if p.requires_grad}
+    assert grads and all("lora_" in n for n in grads)
+    after = {n.removeprefix("base_model.model.").replace(".base_layer", ""): p
+             for n, p in trained.state_dict().items() if "lora_" not in n}  # fmt: skip
+    assert after.keys() == base.keys() and all(torch.equal(base[k], after[k]) for k in base)  # base untouched
+    moved = [n for n, p in trained.named_parameters() if "lora_B" in n and p.abs().sum() > 0]  # B starts at 0
+    print(f"\npeft GRPO: {len(moved)} of {sum('lora_B' in n for n in grads)} lora_B tensors moved; rewards "
+          f"{[row.get('reward') for row in trainer.state.log_history]}")  # fmt: skip
+    assert moved
+
+
+def test_merged_tensors_give_the_engine_the_merged_weights_and_leave_the_model_alone():
+    """What colocate's reload sync sends for a peft model: the base model's names, each adapted weight plus its
+    adapter's delta (peft's own ``merge_and_unload`` to rounding), no ``lora_`` tensor; the model's base weights are
+    left bit for bit, where peft's in-place merge and unmerge (TRL's sync) move them by rounding."""
+    peft = pytest.importorskip("peft")
+    from hf_rollouts.integrations.trl.colocate import merged_tensors
+    from hf_rollouts.tiny_model import build_tiny_model
+
+    model, _ = build_tiny_model(seed=0)
+    names = set(model.state_dict()) | {"lm_head.weight"}
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
+    wrapped = peft.get_peft_model(model, config)
+    with torch.no_grad():
+        for n, p in wrapped.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(len(n)))
+    base = {k: v.clone() for k, v in model.state_dict().items()}  # base_layer and lora_ names
+    sent = merged_tensors(wrapped)
+    assert set(sent) == names and all(torch.equal(base[k], v) for k, v in model.state_dict().items())
+    merged = copy.deepcopy(wrapped).merge_and_unload().state_dict()
+    assert max((sent[k] - merged[k]).abs().max().item() for k in merged) < 1e-6
+    q = "model.layers.0.self_attn.q_proj."
+    assert not torch.equal(sent[q + "weight"], base[q + "base_layer.weight"])  # the delta is in
+    wrapped.merge_adapter()
+    wrapped.unmerge_adapter()
+    drift = max((base[k] - v).abs().max().item() for k, v in model.state_dict().items())
+    print(f"\nbase weights after one in-place merge + unmerge: max drift {drift:.1e}")

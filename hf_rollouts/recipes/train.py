@@ -14,7 +14,9 @@ Around the loop (options: :class:`~.train_config.TrainConfig`):
   (:mod:`.served`).
 * ``--max-staleness N``: overlapped rounds (:mod:`.overlap`), with any backend, checkpoints and resume.
 * ``--lora-rank R``: peft's LoRA on every linear layer; only the adapter trains (and is checkpointed), and the
-  sampling agent, which holds the same model object, samples with it.
+  sampling agent, which holds the same model object, samples with it. With ``--backend vllm`` the engine is built
+  on the base weights with LoRA on, and each sync hands it the adapter alone (``agent.sync_adapter``: a new
+  ``LoRARequest`` per version; the base weights are never reloaded).
 * ``--checkpoint-every N`` / ``--resume``: :mod:`.checkpoint`; a resumed run loads the newest complete checkpoint
   (weights or adapter, optimizer, RNG states, round, data position, metrics so far) before the engine is built, so
   the engine starts on the restored weights, and goes on from the next round: its metrics are the uninterrupted
@@ -139,7 +141,10 @@ def setup(cfg: TrainConfig, cleanup: contextlib.ExitStack) -> RunParts:
     warn_inherited_precision(accelerator.mixed_precision)
     spec = "tiny-small" if cfg.model == "tiny" and cfg.model_size != "tiny" else cfg.model
     model, tokenizer, agent, params = runs.load_policy(cfg, spec=spec, device=accelerator.device, suffix="grpo")
-    trained = model
+    trained, engine = model, None
+    if cfg.backend == "vllm" and cfg.lora_rank and accelerator.num_processes == 1:  # the base weights, unwrapped
+        engine = vllm_agent(model, tokenizer, cfg)
+        cleanup.callback(engine.close)
     if cfg.lora_rank:
         trained, params = add_lora(model, cfg.lora_rank, cfg.lora_alpha)
     raw_optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
@@ -157,13 +162,17 @@ def setup(cfg: TrainConfig, cleanup: contextlib.ExitStack) -> RunParts:
     if cfg.backend in ENGINES:
         if accelerator.num_processes > 1:
             raise TrainConfigError(f"--backend {cfg.backend} runs in one process (one sampler for the trainer).")
-        if cfg.backend == "vllm":
+        if engine is not None:
+            engine.sync_adapter(trained)  # version 1: the fresh (or resumed) adapter
+            agent = engine
+        elif cfg.backend == "vllm":
             agent = vllm_agent(model, tokenizer, cfg)  # after a resume's load: the engine starts on those weights
+            cleanup.callback(agent.close)  # the engine's processes end with the run, also when it fails
         else:
             from .served import serve_policy
 
             agent = serve_policy(model, tokenizer, cfg, out)  # the server, too
-        cleanup.callback(agent.close)  # the engine's processes end with the run, also when it fails
+            cleanup.callback(agent.close)
     policy, optimizer = accelerator.prepare(trained, raw_optimizer)
     all_tasks, eval_tasks = task_splits(
         tokenizer, env=cfg.env, env_config=runs.env_config_of(cfg), tasks=cfg.tasks, eval_tasks=cfg.eval_tasks_path,
@@ -244,7 +253,10 @@ def train_round(
     phases["update"] += time.perf_counter() - began
     if cfg.backend in ENGINES and parts.overlap is None:
         began = time.perf_counter()
-        parts.agent.sync_weights(model)  # the next round samples the updated policy
+        if cfg.lora_rank:  # the adapter alone: the engine keeps its base weights
+            parts.agent.sync_adapter(parts.accelerator.unwrap_model(parts.policy))
+        else:
+            parts.agent.sync_weights(model)  # the next round samples the updated policy
         phases["sync"] = time.perf_counter() - began
     after = weights_probe(model)  # the sampler has them (overlapped: the collector loads them for a later round)
     changed = after != probe and (parts.overlap is not None or parts.agent.fingerprint().get("weights_probe") == after)
@@ -338,16 +350,20 @@ def finish(parts: RunParts, command: str | None) -> None:
 def vllm_agent(model: Any, tokenizer: Any, cfg: TrainConfig) -> Any:
     """A :class:`~hf_rollouts.agents.vllm.VLLMAgent` on ``model``'s current weights (saved with ``tokenizer`` to a
     temporary directory the engine loads; removed when the engine has them), sampling as the run's transformers
-    agent would: float32, ``processed`` log-probs at ``--temperature``, ``--max-new-tokens`` a turn, ``--seed``."""
+    agent would: float32, ``processed`` log-probs at ``--temperature``, ``--max-new-tokens`` a turn, ``--seed``;
+    with ``--lora-rank`` LoRA is on (:func:`~hf_rollouts.agents.vllm.lora_engine_kwargs`) and ``model`` must be the
+    base model, before peft wraps it."""
     from ..agents.sampling import SamplingConfig
-    from ..agents.vllm import VLLMAgent
+    from ..agents.vllm import VLLMAgent, lora_engine_kwargs
+
+    lora = lora_engine_kwargs(cfg.lora_rank) if cfg.lora_rank else {}
 
     with tempfile.TemporaryDirectory(prefix="train_grpo_policy_") as path:
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
         return VLLMAgent(
             model=path, dtype="float32", logprobs_mode="processed", seed=cfg.seed, tokenizer=tokenizer,
-            engine_kwargs={"kv_cache_memory_bytes": int(cfg.kv_cache_gib * (1 << 30))},
+            engine_kwargs={"kv_cache_memory_bytes": int(cfg.kv_cache_gib * (1 << 30)), **lora},
             sampling=SamplingConfig(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens),
         )  # fmt: skip
 

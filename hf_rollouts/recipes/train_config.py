@@ -92,13 +92,15 @@ def check_config(cfg: TrainConfig) -> None:
         raise TrainConfigError("--lora-rank and --checkpoint-every must be >= 0 and --keep-checkpoints >= 1.")
     if cfg.lora_rank and cfg.trainable_layers:
         raise TrainConfigError("--lora-rank trains an adapter on every linear layer: leave --trainable-layers at 0.")
-    if cfg.lora_rank and cfg.backend == "vllm":
-        raise TrainConfigError(
-            "--lora-rank with --backend vllm is not supported yet (the engine would need the adapter, not the "
-            "weights): use --backend transformers, or full weights with vllm.")  # fmt: skip
+    if cfg.lora_rank > 512 and cfg.backend == "vllm":
+        raise TrainConfigError(f"--lora-rank {cfg.lora_rank} with --backend vllm: vLLM serves LoRA ranks up to 512.")
     if cfg.lora_rank and cfg.backend == "vllm-server":
         raise TrainConfigError("--lora-rank with --backend vllm-server is not supported (the server would need the "
-                               "adapter, not the weights): use --backend transformers.")  # fmt: skip
+                               "adapter, not the weights): use --backend vllm or transformers.")  # fmt: skip
+    if cfg.lora_rank and cfg.max_staleness and cfg.backend == "vllm":
+        raise TrainConfigError("--lora-rank with --max-staleness N and --backend vllm is not supported yet (the "
+                               "overlapped collector loads whole weights, not the adapter): use --max-staleness 0, "
+                               "or --backend transformers.")  # fmt: skip
     if cfg.stop_after_round is not None and (
         not cfg.checkpoint_every or (cfg.stop_after_round + 1) % cfg.checkpoint_every
     ):

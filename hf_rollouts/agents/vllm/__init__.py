@@ -4,6 +4,7 @@ vLLM lives in a venv of its own (it pins torch and transformers): ``bash scripts
 Linux CPUs; see docs/guides/agents.md (vLLM) for GPUs.
 """
 
+from .adapters import AdapterSync, lora_engine_kwargs, sync_adapter
 from .agent import STAT_KEYS, VLLMAgent, VLLMRequestError
 from .engine import import_vllm, model_files_identity, vllm_installed
 from .settings import SPEC_PREFIX, VLLMSettings, VLLMUnavailableError, logprob_convention, parse_vllm_spec
@@ -11,6 +12,7 @@ from .weights import WeightSync, sync_weights
 
 __all__ = [
     "SPEC_PREFIX",
+    "AdapterSync",
     "STAT_KEYS",
     "VLLMAgent",
     "VLLMRequestError",
@@ -19,8 +21,10 @@ __all__ = [
     "WeightSync",
     "import_vllm",
     "logprob_convention",
+    "lora_engine_kwargs",
     "model_files_identity",
     "parse_vllm_spec",
+    "sync_adapter",
     "sync_weights",
     "vllm_installed",
 ]

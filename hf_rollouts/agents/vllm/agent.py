@@ -157,6 +157,8 @@ class VLLMAgent(Agent):
         self.stats = _Stats()
         self._engine: Any = None
         self._weights_probe: str | None = None  # set by sync_weights: the probe of the weights the engine holds
+        self._lora_request: Any = None  # set by sync_adapter: the current policy's adapter, on every request
+        self._lora_version = 0
         self._start()
 
     @classmethod
@@ -202,8 +204,7 @@ class VLLMAgent(Agent):
             self.warm_up()
 
     def warm_up(self, requests: int | None = None) -> None:
-        """:func:`~.engine.warm_up_engine` with ``requests`` at once (default ``max_num_seqs``, at most ``concurrency``)
-        of up to ``sampling.max_new_tokens`` tokens (at most 32); not in :attr:`stats`. See ``VLLMSettings.warmup``."""
+        """:func:`~.engine.warm_up_engine`: ``requests`` (default ``max_num_seqs`` ≤ ``concurrency``) of ≤ 32 tokens."""
         if self._engine is None:
             raise VLLMRequestError("the VLLMAgent was closed; build a new one.")
         n = requests or min(self.settings.concurrency, int(self.engine_config["max_num_seqs"]))
@@ -216,6 +217,10 @@ class VLLMAgent(Agent):
         if finalizer is not None:
             finalizer()
         self._engine = None
+        if self._lora_request is not None:
+            from .adapters import drop_adapter_files
+
+            drop_adapter_files(self)
 
     def __enter__(self) -> VLLMAgent:
         return self
@@ -284,6 +289,14 @@ class VLLMAgent(Agent):
 
         return sync_weights(self, model)
 
+    def sync_adapter(self, model: Any) -> Any:
+        """Load a peft ``model``'s LoRA adapter into the engine as a new ``LoRARequest`` on every later request (base
+        weights kept; needs ``engine_kwargs=lora_engine_kwargs(rank)``), move the fingerprint; between rounds
+        (:func:`~.adapters.sync_adapter`, returns an :class:`~.adapters.AdapterSync`)."""
+        from .adapters import sync_adapter
+
+        return sync_adapter(self, model)
+
     def request_seed(self, request: AgentRequest) -> int:
         """The seed of ``request``'s sampling: its own, else one from the agent's seed, its session and its turn."""
         if request.seed is not None:
@@ -330,7 +343,8 @@ class VLLMAgent(Agent):
             params = self.sampling_params(request, min(self.sampling.max_new_tokens, self.max_model_len - len(prompt)))
             engine_input = await self._engine_input(prompt)
             final = None
-            async for output in self._engine.generate(engine_input, params, request_id=f"hfr-{uuid.uuid4().hex}"):
+            lora, rid = self._lora_request, f"hfr-{uuid.uuid4().hex}"  # the adapter of the current version, if any
+            async for output in self._engine.generate(engine_input, params, request_id=rid, lora_request=lora):
                 final = output
             return self._to_action(request, prompt, final), request.agent_state
         except ContextLengthError:

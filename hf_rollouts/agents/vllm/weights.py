@@ -75,7 +75,7 @@ def checkpoint_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _scratch_dir() -> str:
+def scratch_dir() -> str:
     """A new temporary directory, in ``/dev/shm`` (memory) where it is writable."""
     shm = "/dev/shm"
     where = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
@@ -95,7 +95,7 @@ def sync_weights(agent: Any, model: torch.nn.Module) -> WeightSync:
     engine = getattr(agent, "_engine", None)
     if engine is None:
         raise RuntimeError("sync_weights: the VLLMAgent was closed; build a new one.")
-    scratch = _scratch_dir()
+    scratch = scratch_dir()
     try:
         started = time.perf_counter()
         tensors = checkpoint_tensors(model)
@@ -121,4 +121,4 @@ def sync_weights(agent: Any, model: torch.nn.Module) -> WeightSync:
     )
 
 
-__all__ = ["WEIGHTS_FILE", "WeightSync", "checkpoint_tensors", "sync_weights", "weights_probe"]
+__all__ = ["WEIGHTS_FILE", "WeightSync", "checkpoint_tensors", "scratch_dir", "sync_weights", "weights_probe"]

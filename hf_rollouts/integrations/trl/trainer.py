@@ -26,6 +26,7 @@ def build_grpo_trainer(
     seed: int = 0,
     output_dir: str | None = None,
     rollout_options: dict[str, Any] | None = None,
+    peft_config: Any = None,
     **config: Any,
 ) -> tuple[Any, RolloutFunc]:
     """``(trainer, rollout_func)``: a ``GRPOTrainer`` on ``tasks`` (task rows: ``env.get_train_dataset(n)``) with
@@ -37,9 +38,13 @@ def build_grpo_trainer(
     suited to a loop of ours: a constant learning rate, a log row every step, no checkpoints or reports, no
     gradient checkpointing, the CPU when there is no GPU and bf16 only on a GPU, TRL's printer callback removed.
     ``config`` overrides or adds any ``GRPOConfig`` field (``learning_rate``, ``temperature``, ``bf16``,
-    ``max_grad_norm``, ``epsilon``, ``use_vllm``, ...); ``rollout_options`` go to ``make_rollout_func``. With
+    ``max_grad_norm``, ``epsilon``, ``use_vllm``, ...); ``rollout_options`` go to ``make_rollout_func`` (its
+    ``allowed_env_modules`` / ``allowed_env_models`` to ``to_trl_dataset`` too). With
     ``use_vllm=True, vllm_mode="colocate"`` on a CPU the weights reach the engine through
-    :func:`~.colocate.reload_weights_sync`.
+    :func:`~.colocate.reload_weights_sync`. ``peft_config`` (a peft ``LoraConfig``, say) goes to ``GRPOTrainer``,
+    which wraps ``model`` with ``get_peft_model``: only the adapter trains, and the agents sample with it (they
+    call the trainer's model); in TRL's vLLM modes the adapter is merged into the weights for each sync (TRL's own
+    sync, and :func:`~.colocate.reload_weights_sync` alike), so the engine receives full weights, not the adapter.
     ``rollout_func.tool_rates`` holds each call's tool-call rate.
     """
     import torch
@@ -74,15 +79,18 @@ def build_grpo_trainer(
         "disable_tqdm": True,
         **config,
     }
-    rollout_func = make_rollout_func(max_new_tokens=max_new_tokens, **(rollout_options or {}))
+    rollout_options = rollout_options or {}
+    rollout_func = make_rollout_func(max_new_tokens=max_new_tokens, **rollout_options)
+    trust = {k: v for k, v in rollout_options.items() if k in ("allowed_env_modules", "allowed_env_models")}
     reward = shuffled_env_reward(num_generations, seed) if control == "shuffle" else env_reward
     trainer = GRPOTrainer(
         model=model,
         processing_class=tokenizer,
         args=GRPOConfig(**settings),
-        train_dataset=to_trl_dataset(tasks),
+        train_dataset=to_trl_dataset(tasks, **trust),  # the rows are checked as the rollout function checks them
         reward_funcs=[reward],
         rollout_func=rollout_func,
+        peft_config=peft_config,
     )
     trainer.remove_callback(PrinterCallback)
     if settings.get("use_vllm") and settings.get("vllm_mode") == "colocate" and on_cpu:
