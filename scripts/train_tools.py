@@ -19,6 +19,13 @@ warm start, 0.99 after GRPO; the control, ``--control shuffle``, 0.28)::
 
     python scripts/train_tools.py                    # tiny model, CPU; --sft-only / --trl / --control shuffle
 
+**Through a harness**: ``--env program-calculator`` plays the same tasks (``--env-config`` is the calculator env's,
+e.g. ``'{"operators": "*"}'``) as ``ProgramEnv`` rows of ``scripts/calculator_agent.py``, a plain ``openai``-SDK
+loop with a ``calculator`` tool, scored by the ``numeric`` verifier on its final answer's last number: every model
+call (the demonstrator's too, answering the harness through the endpoint) is recorded token-exactly and trained on
+(docs/guides/agent-programs.md). ``--with-control`` then runs the shuffled control from the same warm start in the
+same process (the weights restored; ``OUTPUT_DIR/control/summary.json``).
+
 ``train(ToolTrainConfig(...))`` returns a :class:`ToolTrainResult`; ``summary.json`` records ``heldout_base`` (as
 loaded), ``heldout_before`` (after SFT, where RL starts) and ``heldout_after``.
 """
