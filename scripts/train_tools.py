@@ -24,7 +24,8 @@ e.g. ``'{"operators": "*"}'``) as ``ProgramEnv`` rows of ``scripts/calculator_ag
 loop with a ``calculator`` tool, scored by the ``numeric`` verifier on its final answer's last number: every model
 call (the demonstrator's too, answering the harness through the endpoint) is recorded token-exactly and trained on
 (docs/guides/agent-programs.md). ``--with-control`` then runs the shuffled control from the same warm start in the
-same process (the weights restored; ``OUTPUT_DIR/control/summary.json``).
+same process (the weights restored; ``OUTPUT_DIR/control/summary.json``). Measured on multiplications: held-out
+0.27 after the warm start, 0.92 after 4 GRPO rounds, the control 0.86 (docs/learning_program_calculator.json).
 
 ``train(ToolTrainConfig(...))`` returns a :class:`ToolTrainResult`; ``summary.json`` records ``heldout_base`` (as
 loaded), ``heldout_before`` (after SFT, where RL starts) and ``heldout_after``.
