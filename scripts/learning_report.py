@@ -9,7 +9,8 @@ directory (and, for a train_grpo run without ``steps`` in it, its ``metrics.json
 
 writes ``OUT.png`` (top: the reward of the rollouts each step trained on; bottom: held-out success before and after,
 with 95% Wilson intervals; a tool-call-rate panel when any run called tools) and ``OUT.json`` (per run: command,
-held-out before/after with intervals, the change, wall and CPU seconds, the step curve).
+held-out before/after with intervals (and ``base``, the model as loaded, when the run measured it), the change, wall
+and CPU seconds, the step curve).
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ def load_run(path: Path) -> dict:
 
 
 def figures(label: str, s: dict) -> dict:
-    before, after = s.get("heldout_before") or {}, s.get("heldout_after") or {}
+    before, after, base = s.get("heldout_before") or {}, s.get("heldout_after") or {}, s.get("heldout_base") or {}
     keep = ("success", "low", "high", "successes", "episodes", "errors", "tool_rate")
     return {
         "label": label,
         "command": s.get("command"),
+        **({"base": {k: base.get(k) for k in keep}} if base.get("successes") is not None else {}),
         "before": {k: before.get(k) for k in keep},
         "after": {k: after.get(k) for k in keep},
         "change": (after.get("success") or 0) - (before.get("success") or 0),

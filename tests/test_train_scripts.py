@@ -201,6 +201,7 @@ def test_learning_report_combines_runs_into_one_json_and_figure(tmp_path):
         (tmp_path / name).mkdir()
         summary = {
             "command": f"python x.py --{name}",
+            "heldout_base": {**point(0.0), "successes": 0} if name == "run" else {"success": None, "successes": None},
             "heldout_before": point(0.3),
             "heldout_after": point(after),
             "steps": [{"step": 1, "reward": 0.3, "tool_rate": 0.5}, {"step": 2, "reward": after, "tool_rate": 0.6}],
@@ -215,6 +216,7 @@ def test_learning_report_combines_runs_into_one_json_and_figure(tmp_path):
     assert [r["label"] for r in saved["runs"]] == ["GRPO", "control"]
     assert saved["runs"][0]["change"] == pytest.approx(0.6) and saved["runs"][1]["after"]["success"] == 0.2
     assert saved["runs"][0]["command"] == "python x.py --run" and saved["runs"][0]["cpu_seconds"] == 5
+    assert saved["runs"][0]["base"]["successes"] == 0 and "base" not in saved["runs"][1]  # not measured: left out
     assert out.with_suffix(".png").is_file() == (importlib.util.find_spec("matplotlib") is not None)
 
 

@@ -141,3 +141,80 @@ def test_calculator_demonstrations_call_with_the_question_and_a_smoke_run_writes
     assert [s["step"] for s in summary["steps"]] == [1, 2] and summary["cpu_seconds"] > 0
     with pytest.raises(ValueError, match="--env must be one of"):
         tt.train(tt.ToolTrainConfig(env="arithmetic"))
+
+
+def _smollm2_tools_tokenizer(base):
+    """The embedded tokenizer with SmolLM2's special tokens (ChatML, eos ``<|im_end|>``, as Qwen2.5's) and the
+    ``smollm2-tools`` template (hf_rollouts.smollm2.tools_chat_template): the family's render and tool-call parse."""
+    from test_chat_templates import family_tokenizer
+
+    from hf_rollouts.smollm2 import tools_chat_template
+
+    tok = family_tokenizer(base, "qwen2_5")
+    tok.chat_template = tools_chat_template()
+    return tok
+
+
+@pytest.mark.parametrize("family", ["tiny", "smollm2-tools"])
+def test_the_demonstrator_s_calls_reach_the_harness_as_openai_tool_calls(tt, family):
+    """`--env program-calculator`: the Demonstrator answers the harness's calls (scripts/calculator_agent.py, a plain
+    openai loop); the endpoint parses its `<tool_call>` into OpenAI `tool_calls`, the harness runs the calculator and
+    sends the result back as a `tool` message, the Demonstrator repeats it, the verifier scores it 1."""
+    from hf_rollouts.envs.arithmetic import CalculatorEnv
+    from hf_rollouts.rounds import collect_rollouts
+    from hf_rollouts.tiny_model import build_tiny_model
+
+    tok = build_tiny_model(seed=0)[1]
+    tok = tok if family == "tiny" else _smollm2_tools_tokenizer(tok)
+    env = CalculatorEnv(tok, {"operators": "*"})
+    tasks = tt.program_tasks(env, env.get_train_dataset(3), max_calls=2)
+    demo = tt.Demonstrator(tok, 1.0, 10, call=tt.DEMO_CALLS["calculator"])
+    rollouts = collect_rollouts(tasks, demo, 1, seed=0, allowed_env_modules=["calculator_agent"])
+    for row in rollouts:
+        task = json.loads(row["task_data"])
+        assert row["statuses"] == ["done"] and row["final_rewards"] == [1.0] and row["num_samples"] == [1]
+        (record,) = row["tool_calls"][0]  # parsed by the endpoint, run by the harness: the next prompt extends
+        assert record["name"] == "calculator" and record["status"] == "ok"
+        assert json.loads(record["arguments"]) == {"expression": f"{task['a']} * {task['b']}"}
+        conv = row["conversations"][0]
+        assert [m["role"] for m in conv] == ["system", "user", "assistant", "tool", "assistant"]
+        assert conv[3]["content"] == conv[4]["content"] == str(task["a"] * task["b"]) == task["answer"]
+    point = tt.measure(rollouts, "demos", 0, 0.0, call=tt.DEMO_CALLS["calculator"])
+    assert (point.tool_rate, point.ok_calls, point.right_args, point.success) == (1.0, 1.0, 1.0, 1.0)
+
+
+def test_the_tiny_model_trains_through_the_harness_with_its_control_end_to_end(tt, tmp_path):
+    """`--env program-calculator --with-control` on the tiny model: demonstrations through the harness, the warm
+    start, a GRPO round on the program's rollouts, then the control arm from the same warm start."""
+    cfg = tt.ToolTrainConfig(
+        output_dir=str(tmp_path),
+        env="program-calculator",
+        env_config='{"operators": "*"}',
+        demo_tasks=4,
+        demo_rollouts=2,
+        demo_tool_rate=0.5,
+        sft_steps=2,
+        sft_batch_size=4,
+        iterations=1,
+        tasks_per_iter=2,
+        num_rollouts=2,
+        minibatch_size=4,
+        eval_tasks=3,
+        eval_rollouts=1,
+        eval_base=False,
+        max_new_tokens=8,
+        with_control=True,
+        plot="none",
+        quiet=True,
+    )
+    r = tt.train(cfg, command="python scripts/train_tools.py --env program-calculator --with-control")
+    assert r.demos.ok_calls == 1.0 and r.demos.right_args == 1.0 and 0 < r.demos.tool_rate <= r.demos.success
+    assert [p.phase for p in r.grpo] == ["grpo"] and [p.phase for p in r.control] == ["control"]
+    assert r.grpo[0].episodes == r.control[0].episodes == 4 and r.grpo[0].errors == 0
+    for path in (tmp_path, tmp_path / "control"):
+        summary = json.loads((path / "summary.json").read_text())
+        assert summary["heldout_after"]["episodes"] == 3 and summary["heldout_after"]["errors"] == 0
+        assert summary["heldout_before"] == json.loads((tmp_path / "summary.json").read_text())["heldout_before"]
+    assert summary["heldout_after"]["success"] == r.eval_after_control.success
+    with pytest.raises(ValueError, match="--with-control"):
+        tt.train(tt.ToolTrainConfig(with_control=True, control="shuffle"))
