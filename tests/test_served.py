@@ -62,6 +62,29 @@ def test_sync_weights_asks_the_server_to_reload_a_file_of_every_weight_then_drop
         agent.sync_weights(policy.model)
 
 
+def test_trls_async_weight_transfer_reloads_the_same_file_through_the_same_call(stand_in, tmp_path):
+    """``ServerWeightReload`` (TRL's async trainer against ``vllm serve``) shares the sync's reload
+    (:func:`~hf_rollouts.agents.vllm.weights.reload_on_server`): every weight, the tied head included, under the
+    ``scratch`` it names, removed afterwards; pause and resume around it; an error status raised with the hint."""
+    from hf_rollouts.integrations.trl.async_weights import ServerWeightReload
+
+    root, calls, fail = stand_in
+    policy = load_agent("tiny")
+    transfer = ServerWeightReload(root, scratch=str(tmp_path))
+    transfer.bind(policy.model)
+    transfer.pause()
+    transfer.send_weights(iter(()))
+    transfer.resume()
+    (pause, _, _), (rpc, rpc_body, tensors), (resume, _, _) = calls
+    assert (pause, rpc, resume) == ("/pause?mode=wait", "/collective_rpc", "/resume")
+    assert rpc_body["method"] == "reload_weights" and set(policy.model.state_dict()) <= set(tensors)
+    where = Path(rpc_body["kwargs"]["weights_path"])
+    assert where.parent == tmp_path and not where.exists()
+    fail.add("/collective_rpc")
+    with pytest.raises(RuntimeError, match="answered 500"):
+        transfer.send_weights(iter(()))
+
+
 def test_a_server_python_without_vllm_fails_saying_how_to_fix_it(tmp_path):
     try:
         import vllm  # noqa: F401

@@ -80,23 +80,12 @@ class ServedPolicy(OpenAIChatAgent):
 
     def sync_weights(self, model: Any) -> dict[str, float]:
         """Load ``model``'s current weights into the server (module docstring); ``{"write_s", "load_s"}``."""
-        from safetensors.torch import save_file
+        from ..agents.vllm.weights import reload_on_server
 
-        from ..agents.vllm.weights import WEIGHTS_FILE, checkpoint_tensors
-
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        scratch = tempfile.mkdtemp(prefix="hf_rollouts_served_", dir=shm)
-        try:
-            began = time.perf_counter()
-            save_file(checkpoint_tensors(model), os.path.join(scratch, WEIGHTS_FILE))
-            written = time.perf_counter()
-            self.post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": scratch}})
-            loaded = time.perf_counter()
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        write_s, load_s = reload_on_server(self.post, model)
         self._weights_probe = weights_probe(model)
         self.reset_prefix_cache()
-        return {"write_s": written - began, "load_s": loaded - written}
+        return {"write_s": write_s, "load_s": load_s}
 
     def fingerprint(self) -> dict[str, Any]:
         """The agent's, with the probe of the weights last synced (``weights_probe``)."""

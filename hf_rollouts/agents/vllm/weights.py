@@ -29,6 +29,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,11 +76,30 @@ def checkpoint_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def scratch_dir() -> str:
-    """A new temporary directory, in ``/dev/shm`` (memory) where it is writable."""
+def scratch_dir(parent: str | None = None) -> str:
+    """A new temporary directory under ``parent``, else in ``/dev/shm`` (memory) where it is writable."""
     shm = "/dev/shm"
-    where = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    where = parent or (shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None)
     return tempfile.mkdtemp(prefix="hf_rollouts_weights_", dir=where)
+
+
+def reload_on_server(post: Callable[[str, dict], Any], model: torch.nn.Module, scratch: str | None = None) -> tuple:
+    """Load ``model``'s weights into a vLLM server on this machine (``vllm serve`` with ``VLLM_SERVER_DEV_MODE=1``)
+    as :func:`sync_weights` does in-process: :func:`checkpoint_tensors` as one safetensors file in a new
+    :func:`scratch_dir` (under ``scratch`` if given; the server must read it), then ``post("/collective_rpc",
+    {"method": "reload_weights", "kwargs": {"weights_path": DIR}})``; the directory is removed afterwards. The
+    caller's ``post`` raises on an error answer; the caller drops the server's prefix cache. ``(write_s, load_s)``."""
+    from safetensors.torch import save_file
+
+    directory = scratch_dir(scratch)
+    try:
+        began = time.perf_counter()
+        save_file(checkpoint_tensors(model), os.path.join(directory, WEIGHTS_FILE))
+        written = time.perf_counter()
+        post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": directory}})
+        return written - began, time.perf_counter() - written
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def sync_weights(agent: Any, model: torch.nn.Module) -> WeightSync:

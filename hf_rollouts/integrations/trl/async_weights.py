@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
-import tempfile
 import threading
 import time
 import urllib.error
@@ -141,17 +138,9 @@ class ServerWeightReload(_StateDictTransfer):
         self._post("/resume")
 
     def _send(self) -> None:
-        from safetensors.torch import save_file
+        from ...agents.vllm.weights import reload_on_server
 
-        from ...agents.vllm.weights import WEIGHTS_FILE, checkpoint_tensors
-
-        where = self.scratch or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
-        directory = tempfile.mkdtemp(prefix="hf_rollouts_async_weights_", dir=where)
-        try:
-            save_file(checkpoint_tensors(self.model), f"{directory}/{WEIGHTS_FILE}")
-            self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": directory}})
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
+        reload_on_server(self._post, self.model, self.scratch)
 
 
 __all__ = ["CopyWeights", "PolicyLock", "ServerWeightReload"]
