@@ -193,12 +193,10 @@ def test_an_overlapped_run_killed_after_a_checkpoint_resumes_to_the_straight_run
     sampled by) beside the trainer's version 2; the resumed collector samples round 2 again with it. Both runs in
     subprocesses (see the test above, and tests/test_train_command.py)."""
     import json
-    import signal
-    import time
 
     import torch
     from safetensors.torch import load_file
-    from test_train_command import ROOT, final_weights, same_json, untimed, write_yaml
+    from test_train_command import ROOT, final_weights, same_json, sigkill_after_checkpoint, untimed, write_yaml
 
     values = {**RUN, "iterations": 4, "eval_every": 2, "checkpoint_every": 1, "keep_checkpoints": 4,
               "max_staleness": 1}  # fmt: skip
@@ -217,18 +215,7 @@ def test_an_overlapped_run_killed_after_a_checkpoint_resumes_to_the_straight_run
     assert all(torch.equal(version1[k], before[k]) for k in before)
     run = tmp_path / "run"
     cfg = write_yaml(tmp_path / "run.yaml", {**values, "output_dir": str(run)})
-    proc = subprocess.Popen([*command, str(cfg)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)  # fmt: skip
-    deadline = time.monotonic() + 240
-    try:
-        while not (run / "checkpoints" / "round-0001" / "manifest.json").is_file():
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "no checkpoint of round 1 within 240 s"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    sigkill_after_checkpoint([*command, str(cfg)], run, env)
     resumed = subprocess.run([*command, str(cfg), "--resume", "--quiet", "false"], cwd=ROOT, env=env,
                              capture_output=True, text=True)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-2000:]

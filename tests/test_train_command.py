@@ -34,6 +34,22 @@ def write_yaml(path: Path, values: dict) -> Path:
     return path
 
 
+def sigkill_after_checkpoint(command: list[str], run: Path, env: dict, within_s: float = 240) -> None:
+    """Start ``command`` (a ``train`` of OUTPUT_DIR ``run``) and SIGKILL it as soon as round 1's checkpoint is
+    complete (its manifest is written last), wherever the run is then; fails if it ends or takes over ``within_s``."""
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + within_s
+    try:
+        while not (run / "checkpoints" / "round-0001" / "manifest.json").is_file():
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, f"no checkpoint of round 1 within {within_s:.0f} s"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+
 def untimed(rows: list[dict]) -> list[dict]:
     """metrics.json rows without what a clock measured (round and phase seconds, the evaluation's seconds)."""
     out = []
@@ -184,18 +200,7 @@ def test_a_run_killed_with_sigkill_resumes_to_the_straight_runs_metrics(tmp_path
     rows = json.loads((out / "metrics.json").read_text())
     run = tmp_path / "run"
     cfg = write_yaml(tmp_path / "run.yaml", {**RUN, "output_dir": str(run)})
-    proc = subprocess.Popen([sys.executable, "-m", "hf_rollouts.cli", "train", str(cfg)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-    deadline = time.monotonic() + 240
-    try:
-        while not (run / "checkpoints" / "round-0001" / "manifest.json").is_file():
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "no checkpoint of round 1 within 240 s"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    sigkill_after_checkpoint([sys.executable, "-m", "hf_rollouts.cli", "train", str(cfg)], run, env)
     resumed = subprocess.run([sys.executable, "-m", "hf_rollouts.cli", "train", str(cfg), "--resume"], cwd=ROOT,
                              env=env, capture_output=True, text=True)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-2000:]

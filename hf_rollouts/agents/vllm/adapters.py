@@ -35,7 +35,7 @@ from typing import Any
 
 from ...aio import ENGINE_LOOP
 from ..hf.agent import weights_probe
-from .weights import scratch_dir
+from .weights import WeightSync, scratch_dir
 
 ADAPTER_FILE = "adapter_model.safetensors"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -58,21 +58,12 @@ def lora_engine_kwargs(rank: int) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class AdapterSync:
+class AdapterSync(WeightSync):
     """What one :func:`sync_adapter` did: policy ``version`` (the ``LoRARequest``'s id), ``tensors`` adapter tensors
     of ``bytes`` bytes (the safetensors file) written in ``write_s`` seconds and loaded by the engine in ``load_s``
     (``add_lora`` plus the old version's removal); ``weights_probe`` is the agent's fingerprint's new one."""
 
     version: int
-    tensors: int
-    bytes: int
-    write_s: float
-    load_s: float
-    weights_probe: str
-
-    @property
-    def seconds(self) -> float:
-        return self.write_s + self.load_s
 
 
 def sync_adapter(agent: Any, model: Any) -> AdapterSync:
