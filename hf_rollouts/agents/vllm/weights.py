@@ -141,4 +141,5 @@ def sync_weights(agent: Any, model: torch.nn.Module) -> WeightSync:
     )
 
 
-__all__ = ["WEIGHTS_FILE", "WeightSync", "checkpoint_tensors", "scratch_dir", "sync_weights", "weights_probe"]
+__all__ = ["WEIGHTS_FILE", "WeightSync", "checkpoint_tensors", "reload_on_server", "scratch_dir", "sync_weights",
+           "weights_probe"]  # fmt: skip
