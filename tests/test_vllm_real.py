@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -87,13 +86,9 @@ def _free_port() -> int:
 
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM to the process we started (vLLM then ends its engine processes); SIGKILL to its own session if not."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # start_new_session: the group holds only what it started
-            proc.wait(timeout=30)
+    from hf_rollouts.recipes.served import stop_server
+
+    stop_server(proc)
 
 
 @pytest.fixture(scope="module")

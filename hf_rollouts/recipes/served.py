@@ -96,13 +96,20 @@ class ServedPolicy(OpenAIChatAgent):
         """Close the connections and stop the server this agent started (SIGTERM, then SIGKILL to its session)."""
         super().close()
         proc, self.process = self.process, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)  # start_new_session: the group holds only what it started
-                proc.wait(timeout=30)
+        if proc is not None:
+            stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGTERM to a server process started with ``start_new_session`` (vLLM then ends its engine processes), then
+    SIGKILL to its session if it is still there after 60 s. Nothing when it has ended."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # start_new_session: the group holds only what it started
+            proc.wait(timeout=30)
 
 
 def end_with_parent() -> None:
@@ -183,4 +190,4 @@ def wait_ready(proc: subprocess.Popen, root: str, log: Path) -> None:
         time.sleep(0.5)
 
 
-__all__ = ["SERVED_NAME", "STARTUP_S", "ServedPolicy", "ServerError", "serve_policy", "server_command"]
+__all__ = ["SERVED_NAME", "STARTUP_S", "ServedPolicy", "ServerError", "serve_policy", "server_command", "stop_server"]
